@@ -1,0 +1,73 @@
+"""Agent configuration (CONTRACT §4.7) and the strict partial patch that `agent/configured` carries."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from schemas.context import Wire
+
+NonNegativeMs = Annotated[int, Field(ge=0, strict=True)]
+PositiveCount = Annotated[int, Field(ge=1, strict=True)]
+
+
+class LlmConfig(Wire):
+    model: Annotated[str, Field(min_length=1)] | None = None
+
+
+class RetryPolicy(Wire):
+    maxAttempts: PositiveCount = 3
+    backoffBaseMs: NonNegativeMs = 10_000
+    backoffMaxMs: NonNegativeMs = 60_000
+
+
+class AgentConfig(Wire):
+    """The effective configuration; every field has the contract's default."""
+
+    llm: LlmConfig = LlmConfig()
+    llmRequestDebounceMs: NonNegativeMs = 250
+    llmRequestExpiryMs: Annotated[int, Field(ge=1, strict=True)] = 600_000
+    llmRequestRetryPolicy: RetryPolicy = RetryPolicy()
+    maxAutonomousTurns: Annotated[int, Field(ge=0, strict=True)] = 100
+    compactionTriggerFraction: Annotated[float, Field(gt=0, le=1)] = 0.5
+    scriptResultHistoryLimit: Annotated[int, Field(ge=0, strict=True)] = 30_000
+
+
+# The patch mirrors AgentConfig with every field optional; only the fields a producer sets are
+# merged, so "absent" and "default" stay distinct.
+class LlmPatch(Wire):
+    model: Annotated[str, Field(min_length=1)] | None = None
+
+
+class RetryPolicyPatch(Wire):
+    maxAttempts: PositiveCount | None = None
+    backoffBaseMs: NonNegativeMs | None = None
+    backoffMaxMs: NonNegativeMs | None = None
+
+
+class ConfigPatch(Wire):
+    llm: LlmPatch | None = None
+    llmRequestDebounceMs: NonNegativeMs | None = None
+    llmRequestExpiryMs: Annotated[int, Field(ge=1, strict=True)] | None = None
+    llmRequestRetryPolicy: RetryPolicyPatch | None = None
+    maxAutonomousTurns: Annotated[int, Field(ge=0, strict=True)] | None = None
+    compactionTriggerFraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    scriptResultHistoryLimit: Annotated[int, Field(ge=0, strict=True)] | None = None
+
+
+def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for name, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(name), dict):
+            merged[name] = _deep_merge(merged[name], value)
+        else:  # scalars and arrays replace
+            merged[name] = value
+    return merged
+
+
+def merge_config(config: AgentConfig, patch: ConfigPatch) -> AgentConfig:
+    """Deep-merge a patch: objects recurse, scalars and arrays replace."""
+    return AgentConfig.model_validate(
+        _deep_merge(config.model_dump(), patch.model_dump(exclude_unset=True))
+    )

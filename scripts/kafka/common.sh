@@ -1,0 +1,47 @@
+# shellcheck shell=bash
+# Shared settings for the local Kafka scripts. Sourced, not executed.
+# Everything lives under <repo>/.local/kafka (gitignored); paths are derived from this file's location.
+
+KAFKA_SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$KAFKA_SCRIPTS_DIR/../.." && pwd)"
+
+# Newest 4.x verified against aiokafka 0.14.0, faust-streaming 0.15.3 (kafka://) and confluent-kafka 2.16.1.
+KAFKA_VERSION="${AGENTSTREAM_KAFKA_VERSION:-4.4.0}"
+KAFKA_PORT="${AGENTSTREAM_KAFKA_PORT:-19092}"
+KAFKA_CONTROLLER_PORT="${AGENTSTREAM_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
+KAFKA_HOST=127.0.0.1
+
+KAFKA_HOME="$REPO_ROOT/.local/kafka"
+KAFKA_LIBS="$KAFKA_HOME/libs/$KAFKA_VERSION"
+KAFKA_CONF="$KAFKA_HOME/config"
+KAFKA_DATA="$KAFKA_HOME/data"
+KAFKA_LOGS="$KAFKA_HOME/logs"
+KAFKA_PID_FILE="$KAFKA_HOME/kafka.pid"
+
+kafka_jars_present() {
+  [[ -f "$KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar" && -f "$KAFKA_LIBS/kafka-clients-$KAFKA_VERSION.jar" \
+     && -f "$KAFKA_LIBS/.complete" ]]
+}
+
+# Prints the pid if the broker recorded in the pid file is alive (and is a java process), else fails.
+kafka_running_pid() {
+  [[ -f "$KAFKA_PID_FILE" ]] || return 1
+  local pid
+  pid="$(tr -dc '0-9' < "$KAFKA_PID_FILE")"
+  [[ -n "$pid" ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  # Guard against pid reuse: the process must be our broker.
+  if [[ -r "/proc/$pid/cmdline" ]] && ! tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q 'kafka\.Kafka'; then
+    return 1
+  fi
+  echo "$pid"
+}
+
+# Python used for the readiness check: the project venv if present, else python3.
+kafka_python() {
+  if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then
+    echo "$REPO_ROOT/.venv/bin/python"
+  else
+    command -v python3 || true
+  fi
+}

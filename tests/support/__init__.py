@@ -1,0 +1,1 @@
+"""Test support code (scripted servers, helpers). Not part of the installed package."""
