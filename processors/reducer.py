@@ -66,19 +66,15 @@ def fold(state: AgentState, event: Any) -> AgentState:
         raise JournalOrderError(
             f"event @{offset} arrives after @{state.cursor}: a stream's events must fold in offset order"
         )
-    if isinstance(event, InvalidPayloadEvent):
-        path = event.envelope.streamPath
-    else:
-        path = event.streamPath
+    invalid = isinstance(event, InvalidPayloadEvent)
+    envelope = event.envelope if invalid else event
     if state.stream_path is None:
-        state.stream_path = path
-    elif path != state.stream_path:
-        raise JournalOrderError(f"event @{offset} belongs to {path}, not {state.stream_path}")
+        state.stream_path = envelope.streamPath
+    elif envelope.streamPath != state.stream_path:
+        raise JournalOrderError(f"event @{offset} belongs to {envelope.streamPath}, not {state.stream_path}")
     state.cursor = offset
-    state.last_event_created_at = (
-        event.envelope.createdAt if isinstance(event, InvalidPayloadEvent) else event.createdAt
-    )
-    if isinstance(event, InvalidPayloadEvent):
+    state.last_event_created_at = envelope.createdAt
+    if invalid:
         return state  # never crash on a bad journaled payload: skip it
     handler = _HANDLERS.get(event.type)
     if handler is not None:
@@ -103,9 +99,12 @@ def add_context(state: AgentState, offset: int, item: ContextItem, created_at: s
     if item.compaction is not None:
         _compact(state, offset, item)
         return
-    if item.role == "assistant" and item.llmRequestOffset is not None:
-        if state.open is None or state.open.offset != item.llmRequestOffset:
-            return  # §2.5: an answer to a request that is not open is dropped
+    if (
+        item.role == "assistant"
+        and item.llmRequestOffset is not None
+        and (state.open is None or state.open.offset != item.llmRequestOffset)
+    ):
+        return  # §2.5: an answer to a request that is not open is dropped
     lane = state.system if item.role == "system" else state.history
     key = item.key
     if key is None:

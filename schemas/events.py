@@ -273,7 +273,8 @@ def describe_validation_error(error: ValidationError, event_type: str | None = N
         elif kind == "missing":
             what = "required field is missing"
         elif kind == "union_tag_invalid" and "type" in problem.get("ctx", {}).get("discriminator", ""):
-            what = f"unknown type {problem['input'].get('type')!r}; expected one of {problem['ctx']['expected_tags']}"
+            given = problem["input"].get("type")
+            what = f"unknown type {given!r}; expected one of {problem['ctx']['expected_tags']}"
         else:
             what = problem["msg"]
             if kind != "value_error" and "input" in problem and not isinstance(problem["input"], dict):
