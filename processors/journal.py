@@ -1,0 +1,135 @@
+"""Journaling one append command (CONTRACT §1): pure decisions, no Kafka.
+
+Given a stream's state, a command and a way to read existing rows, decide: journal it (assigning
+the next gapless offset and `createdAt`), recognise it as a duplicate, or reject it with a reason.
+The processor shell does the I/O; the catch-up after a crash re-applies journaled events through
+the same `apply_event`, so live and recovered rows are written by one code path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from processors import rows
+from processors.reducer import epoch_ms, fold
+from processors.state import AgentState
+from schemas.events import TYPED_EVENTS, AppendCommand, OtherEvent, describe_validation_error
+
+RowReader = Callable[[bytes], "bytes | None"]
+
+
+@dataclass(slots=True, frozen=True)
+class Journaled:
+    event: Any  # the typed journal event
+    record: bytes  # its JSON, as written to agent-journal
+    rows: list[rows.Row]
+
+
+@dataclass(slots=True, frozen=True)
+class Duplicate:
+    offset: int
+    reason: str
+
+
+@dataclass(slots=True, frozen=True)
+class Rejected:
+    reason: str
+
+
+Outcome = Journaled | Duplicate | Rejected
+
+
+def format_created_at(epoch_ms: int) -> str:
+    seconds, millis = divmod(epoch_ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def payload_hash(event_type: str, payload: Any) -> str:
+    canonical = orjson.dumps([event_type, payload], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+def journal_command(
+    state: AgentState,
+    command: AppendCommand,
+    *,
+    now_ms: int,
+    source_offset: int,
+    read: RowReader,
+) -> Outcome:
+    path = command.streamPath
+    if command.appendId is not None:
+        existing = read(rows.append_id_key(path, command.appendId))
+        if existing is not None:
+            return Duplicate(int(existing), f"append id {command.appendId!r} was already journaled")
+    key = command.idempotencyKey
+    digest = payload_hash(command.type, command.payload)
+    if key is not None:
+        existing = read(rows.idempotency_key(path, key))
+        if existing is not None:
+            offset, _, existing_digest = rows.decode_idempotency(existing)
+            if existing_digest == digest:
+                return Duplicate(offset, f"idempotency key {key!r} already names this event")
+            return Rejected(
+                f"idempotency key {key!r} already names a different event at @{offset}; "
+                "an idempotency key names one exact event forever: use a new key for a new body"
+            )
+    envelope: dict[str, Any] = {
+        "streamPath": path,
+        "offset": state.cursor + 1,
+        "type": command.type,
+        "payload": command.payload,
+    }
+    if key is not None:
+        envelope["idempotencyKey"] = key
+    envelope["createdAt"] = format_created_at(max(now_ms, _last_ms(state)))
+    model = TYPED_EVENTS.get(command.type, OtherEvent)
+    try:
+        event = model.model_validate(envelope)
+    except ValidationError as error:
+        return Rejected(describe_validation_error(error, command.type))
+    record = orjson.dumps(envelope)
+    return Journaled(event, record, apply_event(state, event, source_offset, command.appendId, digest))
+
+
+def _last_ms(state: AgentState) -> int:
+    """createdAt never goes backwards within a stream, whatever the wall clock does."""
+    return 0 if state.last_event_created_at is None else epoch_ms(state.last_event_created_at)
+
+
+def apply_event(
+    state: AgentState,
+    event: Any,
+    source_offset: int,
+    append_id: str | None,
+    digest: str | None,
+) -> list[rows.Row]:
+    """Fold a journaled event and return every row it changes (items, metadata, dedupe rows).
+
+    `digest` is `payload_hash` of the event's type and raw payload, required with an idempotency key.
+    """
+    path = event.streamPath
+    if state.changes is None:
+        state.changes = {}
+    fold(state, event)
+    changed: list[rows.Row] = list(rows.change_rows(path, state.drain_changes()))
+    if event.idempotencyKey is not None:
+        assert digest is not None, "an idempotency key row needs the payload digest"
+        changed.append(
+            (
+                rows.idempotency_key(path, event.idempotencyKey),
+                rows.encode_idempotency(event.offset, event.type, digest),
+            )
+        )
+    if append_id is not None:
+        changed.append((rows.append_id_key(path, append_id), str(event.offset).encode()))
+    changed.append((rows.meta_key(path), rows.encode_meta(state, source_offset)))  # metadata last
+    return changed
+

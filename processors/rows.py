@@ -1,0 +1,197 @@
+"""The projection as store rows: one metadata row per stream plus one row per context item.
+
+Keys sort so that a prefix scan returns a stream's items in lane order:
+
+    m\\0<path>                          stream metadata (turn state, cursor, seq counters)
+    i\\0<path>\\0<lane><seq>              one context item; <seq> is 8 bytes, order-preserving
+    k\\0<path>\\0<idempotencyKey>         the event an idempotency key names
+    a\\0<path>\\0<appendId>               the offset a client append id was journaled at
+    p\\0<partition>                     journal position folded into this partition's rows
+
+An event rewrites only the rows it touched, so bytes written per event do not grow with the
+projection. Pure: no store or Kafka here.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import orjson
+
+from processors.state import (
+    AgentState,
+    Cell,
+    Lane,
+    LaneName,
+    OpenRequest,
+    PendingTrigger,
+    TokenUsage,
+    UsageReport,
+)
+from schemas.config import AgentConfig
+from schemas.context import ContextItem
+
+META, ITEM, IDEMPOTENCY, APPEND_ID, POSITION = b"m", b"i", b"k", b"a", b"p"
+SEP = b"\x00"
+_LANE_TAGS: dict[LaneName, bytes] = {"system": b"s", "history": b"h"}
+_SEQ = struct.Struct(">Q")
+_SEQ_BIAS = 1 << 63  # seqs go negative (compaction summaries); bias keeps byte order = numeric order
+
+Row = tuple[bytes, bytes | None]  # value None deletes the row
+
+
+def meta_key(path: str) -> bytes:
+    return META + SEP + path.encode()
+
+
+def items_prefix(path: str) -> bytes:
+    return ITEM + SEP + path.encode() + SEP
+
+
+def item_key(path: str, lane: LaneName, seq: int) -> bytes:
+    return items_prefix(path) + _LANE_TAGS[lane] + _SEQ.pack(seq + _SEQ_BIAS)
+
+
+def idempotency_key(path: str, key: str) -> bytes:
+    return IDEMPOTENCY + SEP + path.encode() + SEP + key.encode()
+
+
+def append_id_key(path: str, append_id: str) -> bytes:
+    return APPEND_ID + SEP + path.encode() + SEP + append_id.encode()
+
+
+def position_key(partition: int) -> bytes:
+    return POSITION + SEP + str(partition).encode()
+
+
+def stream_of_key(key: bytes) -> str | None:
+    """The stream path a row belongs to (None for partition rows)."""
+    kind, _, rest = key.partition(SEP)
+    if kind == META:
+        return rest.decode()
+    if kind in (ITEM, IDEMPOTENCY, APPEND_ID):
+        return rest.split(SEP, 1)[0].decode()
+    return None
+
+
+# --- items -------------------------------------------------------------------------------------
+
+
+def encode_cell(cell: Cell) -> bytes:
+    body = cell.item.model_dump_json(exclude_none=True)
+    head = f'{{"o":{cell.offset},"c":{cell.created_offset},"s":{cell.seq}'
+    if cell.updates_offset is not None:
+        head += f',"u":{cell.updates_offset}'
+    return f'{head},"i":{body}}}'.encode()
+
+
+def decode_cell(value: bytes) -> Cell:
+    row = orjson.loads(value)
+    return Cell(row["s"], row["o"], ContextItem.model_validate(row["i"]), row.get("u"), row["c"])
+
+
+def change_rows(path: str, changes: dict[tuple[LaneName, int], Cell | None]) -> Iterator[Row]:
+    for (lane, seq), cell in changes.items():
+        yield item_key(path, lane, seq), None if cell is None else encode_cell(cell)
+
+
+# --- metadata ----------------------------------------------------------------------------------
+
+
+def encode_meta(state: AgentState, source_offset: int) -> bytes:
+    """Everything but the items; `source_offset` is the last command's position in agent-appends."""
+    return orjson.dumps(
+        {
+            "path": state.stream_path,
+            "cursor": state.cursor,
+            "sourceOffset": source_offset,
+            "publishedThrough": state.published_through,
+            "created": state.created,
+            "config": state.config.model_dump(exclude_defaults=True),
+            "pending": None if state.pending is None else _slots(state.pending),
+            "open": None if state.open is None else _slots(state.open),
+            "paused": state.paused,
+            "pauseTriggerOffset": state.pause_trigger_offset,
+            "latestExternalTrigger": state.latest_external_trigger,
+            "autonomousTurnCount": state.autonomous_turn_count,
+            "consecutiveLlmFailures": state.consecutive_llm_failures,
+            "usage": _slots(state.usage),
+            "compactedThrough": state.compacted_through,
+            "overThreshold": None if state.over_threshold is None else _slots(state.over_threshold),
+            "lastRequestCreatedAt": state.last_request_created_at,
+            "lastEventCreatedAt": state.last_event_created_at,
+            "seqs": [
+                state.system.next_seq,
+                state.system.next_front_seq,
+                state.history.next_seq,
+                state.history.next_front_seq,
+            ],
+        }
+    )
+
+
+def _slots(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in value.__slots__}
+
+
+def decode_meta(value: bytes) -> tuple[AgentState, int]:
+    """The state without items, and the recorded source offset."""
+    meta = orjson.loads(value)
+    state = AgentState(
+        stream_path=meta["path"],
+        cursor=meta["cursor"],
+        published_through=meta["publishedThrough"],
+        created=meta["created"],
+        config=AgentConfig.model_validate(meta["config"]),
+        pending=None if meta["pending"] is None else PendingTrigger(**meta["pending"]),
+        open=None if meta["open"] is None else OpenRequest(**meta["open"]),
+        paused=meta["paused"],
+        pause_trigger_offset=meta["pauseTriggerOffset"],
+        latest_external_trigger=meta["latestExternalTrigger"],
+        autonomous_turn_count=meta["autonomousTurnCount"],
+        consecutive_llm_failures=meta["consecutiveLlmFailures"],
+        usage=TokenUsage(**meta["usage"]),
+        compacted_through=meta["compactedThrough"],
+        over_threshold=None if meta["overThreshold"] is None else UsageReport(**meta["overThreshold"]),
+        last_request_created_at=meta["lastRequestCreatedAt"],
+        last_event_created_at=meta["lastEventCreatedAt"],
+    )
+    seqs = meta["seqs"]
+    state.system.next_seq, state.system.next_front_seq = seqs[0], seqs[1]
+    state.history.next_seq, state.history.next_front_seq = seqs[2], seqs[3]
+    return state, meta["sourceOffset"]
+
+
+def load_state(meta_value: bytes, item_rows: Iterable[tuple[bytes, bytes]]) -> tuple[AgentState, int]:
+    """Rebuild a stream's state from its metadata row and its item rows (in key order).
+
+    Rows written after the metadata row (a crash between an event's item rows and its metadata
+    row) lie outside the recorded seq range and are ignored; re-folding the journal tail rewrites
+    them identically.
+    """
+    state, source_offset = decode_meta(meta_value)
+    for key, value in item_rows:
+        lane = state.system if key[-9:-8] == _LANE_TAGS["system"] else state.history
+        seq = _SEQ.unpack(key[-8:])[0] - _SEQ_BIAS
+        if not lane.next_front_seq < seq < lane.next_seq:
+            continue
+        _restore_cell(lane, decode_cell(value))
+    return state, source_offset
+
+
+def _restore_cell(lane: Lane, cell: Cell) -> None:
+    lane.cells.append(cell)
+    key = cell.item.key
+    if key is not None:
+        lane.by_key[key] = cell  # rows come in lane order, so the last occurrence wins
+
+
+def encode_idempotency(offset: int, event_type: str, payload_hash: str) -> bytes:
+    return orjson.dumps({"offset": offset, "type": event_type, "hash": payload_hash})
+
+
+def decode_idempotency(value: bytes) -> tuple[int, str, str]:
+    row = orjson.loads(value)
+    return row["offset"], row["type"], row["hash"]
