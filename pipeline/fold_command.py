@@ -74,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
     except (BadInput, OSError) as error:
         print(f"agentstream fold: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    is_request = last is not None and getattr(last, "type", None) == LLM_REQUEST_REQUESTED and not isinstance(
-        last, InvalidPayloadEvent
+    is_request = (
+        last is not None
+        and getattr(last, "type", None) == LLM_REQUEST_REQUESTED
+        and not isinstance(last, InvalidPayloadEvent)
     )
     output = {
         "projection": projection_json(state),

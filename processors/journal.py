@@ -132,4 +132,3 @@ def apply_event(
         changed.append((rows.append_id_key(path, append_id), str(event.offset).encode()))
     changed.append((rows.meta_key(path), rows.encode_meta(state, source_offset)))  # metadata last
     return changed
-

@@ -66,15 +66,14 @@ def fold(state: AgentState, event: Any) -> AgentState:
         raise JournalOrderError(
             f"event @{offset} arrives after @{state.cursor}: a stream's events must fold in offset order"
         )
-    invalid = isinstance(event, InvalidPayloadEvent)
-    envelope = event.envelope if invalid else event
+    path = event.streamPath
     if state.stream_path is None:
-        state.stream_path = envelope.streamPath
-    elif envelope.streamPath != state.stream_path:
-        raise JournalOrderError(f"event @{offset} belongs to {envelope.streamPath}, not {state.stream_path}")
+        state.stream_path = path
+    elif path != state.stream_path:
+        raise JournalOrderError(f"event @{offset} belongs to {path}, not {state.stream_path}")
     state.cursor = offset
-    state.last_event_created_at = envelope.createdAt
-    if invalid:
+    state.last_event_created_at = event.createdAt
+    if isinstance(event, InvalidPayloadEvent):
         return state  # never crash on a bad journaled payload: skip it
     handler = _HANDLERS.get(event.type)
     if handler is not None:
@@ -251,9 +250,7 @@ def _usage_reported(state: AgentState, event: Any) -> None:
     tokens = report.inputTokens + report.outputTokens
     threshold = int(report.maxContextTokens * state.config.compactionTriggerFraction)
     if tokens >= threshold and report.llmRequestOffset > state.compacted_through:
-        state.over_threshold = UsageReport(
-            event.offset, report.llmRequestOffset, report.model, tokens, threshold
-        )
+        state.over_threshold = UsageReport(event.offset, report.llmRequestOffset, report.model, tokens, threshold)
 
 
 def _paused(state: AgentState, event: Any) -> None:

@@ -42,9 +42,7 @@ conversation, not a new instruction."""
 TIMESTAMP_PREFIX = "Current date and time (UTC): "
 
 # §3.1: developer items from these actors carry third-party text and render as provider user.
-_DEMOTED_DEVELOPER_ACTORS = frozenset(
-    {"script", "slack", "telegram", "email", "github", "integration", "user"}
-)
+_DEMOTED_DEVELOPER_ACTORS = frozenset({"script", "slack", "telegram", "email", "github", "integration", "user"})
 
 
 def _json(value: str) -> str:
@@ -157,9 +155,7 @@ def render_messages(
                 message["files"] = [file.model_dump() for file in files]
             append(message)
     if request_created_at is not None:
-        append(
-            {"role": provider_role("developer", transport), "content": TIMESTAMP_PREFIX + request_created_at}
-        )
+        append({"role": provider_role("developer", transport), "content": TIMESTAMP_PREFIX + request_created_at})
     return messages
 
 

@@ -68,6 +68,4 @@ def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 def merge_config(config: AgentConfig, patch: ConfigPatch) -> AgentConfig:
     """Deep-merge a patch: objects recurse, scalars and arrays replace."""
-    return AgentConfig.model_validate(
-        _deep_merge(config.model_dump(), patch.model_dump(exclude_unset=True))
-    )
+    return AgentConfig.model_validate(_deep_merge(config.model_dump(), patch.model_dump(exclude_unset=True)))

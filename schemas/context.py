@@ -70,14 +70,7 @@ class GithubActor(Wire):
 
 
 Actor = Annotated[
-    UserActor
-    | AgentActor
-    | ScriptActor
-    | IntegrationActor
-    | SlackActor
-    | TelegramActor
-    | EmailActor
-    | GithubActor,
+    UserActor | AgentActor | ScriptActor | IntegrationActor | SlackActor | TelegramActor | EmailActor | GithubActor,
     Field(discriminator="type"),
 ]
 
@@ -147,14 +140,11 @@ class ContextItem(Wire):
     def _compaction_rules(self) -> ContextItem:
         if self.compaction is not None:
             if self.role != "developer":
-                raise ValueError(
-                    f"a compaction summary must have role 'developer', not {self.role!r}"
-                )
+                raise ValueError(f"a compaction summary must have role 'developer', not {self.role!r}")
             if self.key is not None:
                 raise ValueError("a compaction summary must not have a 'key' (summaries are not slots)")
             if self.llmRequestPolicy is None or self.llmRequestPolicy.behaviour != "dont-trigger-request":
                 raise ValueError(
-                    "a compaction summary must set llmRequestPolicy "
-                    "{'behaviour': 'dont-trigger-request'} explicitly"
+                    "a compaction summary must set llmRequestPolicy {'behaviour': 'dont-trigger-request'} explicitly"
                 )
         return self

@@ -62,9 +62,7 @@ class CancelledResult(Wire):
     partialText: str | None = None
 
 
-SettlementResult = Annotated[
-    SucceededResult | FailedResult | CancelledResult, Field(discriminator="status")
-]
+SettlementResult = Annotated[SucceededResult | FailedResult | CancelledResult, Field(discriminator="status")]
 
 
 class LlmRequestSettledPayload(Wire):
@@ -150,9 +148,7 @@ def _typed(base: type[Wire], event_type: str, payload: Any, suffix: str) -> type
     )
 
 
-TYPED_EVENTS: dict[str, type[Wire]] = {
-    t: _typed(JournalEventBase, t, p, "Event") for t, p in PAYLOAD_MODELS.items()
-}
+TYPED_EVENTS: dict[str, type[Wire]] = {t: _typed(JournalEventBase, t, p, "Event") for t, p in PAYLOAD_MODELS.items()}
 TYPED_INPUTS: dict[str, type[Wire]] = {t: _typed(InputBase, t, p, "Input") for t, p in PAYLOAD_MODELS.items()}
 
 ContextAddedEvent = TYPED_EVENTS[CONTEXT_ADDED]
@@ -193,6 +189,11 @@ class InvalidPayloadEvent:
         self.envelope = envelope
         self.reason = reason
 
+    # The envelope's fields, so journal bookkeeping treats every event alike.
+    @property
+    def streamPath(self) -> str:
+        return self.envelope.streamPath
+
     @property
     def offset(self) -> int:
         return self.envelope.offset
@@ -200,6 +201,14 @@ class InvalidPayloadEvent:
     @property
     def type(self) -> str:
         return self.envelope.type
+
+    @property
+    def idempotencyKey(self) -> str | None:
+        return self.envelope.idempotencyKey
+
+    @property
+    def createdAt(self) -> str:
+        return self.envelope.createdAt
 
 
 def decode_event(raw: bytes | str) -> JournalEvent | InvalidPayloadEvent:
@@ -221,9 +230,7 @@ def validate_payload(event_type: str, payload: Any) -> Any:
     model = PAYLOAD_MODELS.get(event_type)
     if model is None:
         return payload
-    return TypeAdapter(model).validate_python(payload) if model is CreatedPayload else model.model_validate(
-        payload
-    )
+    return TypeAdapter(model).validate_python(payload) if model is CreatedPayload else model.model_validate(payload)
 
 
 def parse_consumed_input(value: Any) -> ConsumedInput:
@@ -257,8 +264,23 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 
 _UNION_NOISE = frozenset(
-    {"user", "agent", "script", "integration", "slack", "telegram", "email", "github",
-     "event", "file", "git-commit", "succeeded", "failed", "cancelled", "function-after"}
+    {
+        "user",
+        "agent",
+        "script",
+        "integration",
+        "slack",
+        "telegram",
+        "email",
+        "github",
+        "event",
+        "file",
+        "git-commit",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "function-after",
+    }
 )
 
 

@@ -1,0 +1,313 @@
+"""The journal processor's per-partition engine: the I/O shell around `processors.journal`.
+
+One writer per partition. For every command of partition p it decides (pure core), produces the
+journal record at once, and keeps the rows the event changed in a per-partition queue. Rows are
+written to the table, and the command acknowledged, only after the journal record is
+acknowledged by Kafka, in order. Therefore:
+
+- stored rows never run ahead of the journal (a crash cannot leave a projection that the journal
+  does not back), and the committed `agent-appends` offset never passes an unjournaled command;
+- after a crash the rows lag the journal by at most the queue; `catch_up` re-folds the journal
+  tail past the recorded position (the `p` row) before the partition takes new commands;
+- a re-delivered command is recognised by its source offset (recorded per stream, also in each
+  journal record's headers) or its append id, and journaled once.
+
+The Faust wiring lives in `pipeline.journal_worker`; this module needs only a `RowTable` (the
+partition's rows: read a key, scan a prefix, write a row), a producer and a journal reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+from pydantic import ValidationError
+
+from processors import rows
+from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
+from processors.state import AgentState
+from schemas.events import AppendCommand, EnvelopeError, InvalidPayloadEvent, decode_event, describe_validation_error
+
+log = logging.getLogger("agentstream.journal")
+
+# Kafka record headers carried by journal records (and DLQ records).
+H_APPEND_ID = "append-id"
+H_SOURCE_OFFSET = "source-offset"
+H_REASON = "reason"
+H_TICK = "agentstream-tick"
+
+
+class RowTable(Protocol):
+    """The rows of one partition."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def put(self, key: bytes, value: bytes | None) -> None: ...
+
+
+Send = Callable[..., Awaitable[Awaitable[Any]]]  # (topic, key, value, headers) -> future of metadata
+
+
+@dataclass(slots=True)
+class Command:
+    """One record of agent-appends as the processor sees it."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+    ack: Callable[[], Any]
+
+
+@dataclass(slots=True)
+class StreamEntry:
+    state: AgentState
+    source_offset: int  # agent-appends offset of the last command journaled for this stream
+
+
+@dataclass(slots=True)
+class Pending:
+    """A handled command whose journal record may not be acknowledged yet."""
+
+    command: Command
+    delivery: asyncio.Future[Any] | None  # journal record metadata, if one was produced
+    rows: list[rows.Row]
+    others: list[asyncio.Future[Any]] = field(default_factory=list)  # results / DLQ deliveries
+    queued_at: float = field(default_factory=time.monotonic)
+
+    def done(self) -> bool:
+        return (self.delivery is None or self.delivery.done()) and all(f.done() for f in self.others)
+
+    async def wait(self) -> None:
+        if self.delivery is not None:
+            await self.delivery
+        for future in self.others:
+            await future
+
+
+@dataclass
+class Counters:
+    journaled: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    refolded: int = 0
+
+
+class PartitionEngine:
+    """Everything one partition's writer holds: cached states, unstored rows, the queue."""
+
+    def __init__(
+        self,
+        partition: int,
+        table: RowTable,
+        topics: Any,
+        send: Send,
+        *,
+        max_cached_streams: int,
+        max_pending: int = 2000,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.partition = partition
+        self.table = table
+        self.topics = topics
+        self.send = send
+        self.clock_ms = clock_ms
+        self.max_cached_streams = max_cached_streams
+        self.max_pending = max_pending
+        self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
+        self.overlay: dict[bytes, bytes | None] = {}  # rows decided but not yet stored
+        self.overlay_owner: dict[bytes, Pending] = {}
+        self.queue: deque[Pending] = deque()
+        self.caught_up = False
+        self.counters = Counters()
+
+    # --- rows ----------------------------------------------------------------------------------
+
+    def read(self, key: bytes) -> bytes | None:
+        if key in self.overlay:
+            return self.overlay[key]
+        return self.table.get(key)
+
+    def entry(self, path: str) -> StreamEntry:
+        entry = self.streams.get(path)
+        if entry is not None:
+            self.streams.move_to_end(path)
+            return entry
+        meta = self.read(rows.meta_key(path))
+        if meta is None:
+            entry = StreamEntry(AgentState(stream_path=path), -1)
+        else:
+            state, source_offset = rows.load_state(meta, self.table.scan(rows.items_prefix(path)))
+            entry = StreamEntry(state, source_offset)
+        self.streams[path] = entry
+        self._evict()
+        return entry
+
+    def _evict(self) -> None:
+        # A stream with rows still queued stays cached: its state is ahead of the store.
+        while len(self.streams) > self.max_cached_streams:
+            for path in self.streams:
+                if rows.meta_key(path) not in self.overlay:
+                    del self.streams[path]
+                    break
+            else:
+                return
+
+    def _stage(self, pending: Pending) -> None:
+        for key, value in pending.rows:
+            self.overlay[key] = value
+            self.overlay_owner[key] = pending
+        self.queue.append(pending)
+
+    async def drain(self, wait: bool) -> int:
+        """Store the rows of every queued command whose deliveries are acknowledged, in order."""
+        stored = 0
+        queue = self.queue
+        while queue:
+            pending = queue[0]
+            if not pending.done():
+                if not wait:
+                    break
+                await pending.wait()
+            queue.popleft()
+            self._store(pending)
+            stored += 1
+        return stored
+
+    def _store(self, pending: Pending) -> None:
+        for future in pending.others:
+            future.result()  # a failed DLQ/result delivery must not be acknowledged silently
+        put = self.table.put
+        for key, value in pending.rows:
+            put(key, value)
+            if self.overlay_owner.get(key) is pending:
+                del self.overlay_owner[key]
+                del self.overlay[key]
+        if pending.delivery is not None:
+            metadata = pending.delivery.result()
+            put(rows.position_key(self.partition), str(metadata.offset).encode())
+        pending.command.ack()
+
+    # --- commands ------------------------------------------------------------------------------
+
+    async def handle(self, command: Command) -> None:
+        if len(self.queue) >= self.max_pending:
+            await self.drain(wait=True)
+        else:
+            await self.drain(wait=False)
+        if H_TICK in command.headers:
+            await self.drain(wait=True)
+            command.ack()
+            return
+        try:
+            append = AppendCommand.model_validate_json(command.value)
+        except ValidationError as error:
+            await self._reject(command, None, "not an append command: " + describe_validation_error(error))
+            return
+        entry = self.entry(append.streamPath)
+        if command.offset <= entry.source_offset:
+            # Re-delivered after a crash: this exact record is already journaled.
+            self.counters.duplicates += 1
+            self._stage(Pending(command, None, []))
+            return
+        outcome = journal_command(
+            entry.state, append, now_ms=self.clock_ms(), source_offset=command.offset, read=self.read
+        )
+        if isinstance(outcome, Journaled):
+            entry.source_offset = command.offset
+            self.counters.journaled += 1
+            headers = [(H_SOURCE_OFFSET, str(command.offset).encode())]
+            if append.appendId is not None:
+                headers.append((H_APPEND_ID, append.appendId.encode()))
+            delivery = await self.send(self.topics.journal, command.key, outcome.record, headers)
+            pending = Pending(command, delivery, outcome.rows)
+            await self._result(pending, append, "journaled", outcome.event.offset)
+            self._stage(pending)
+        elif isinstance(outcome, Duplicate):
+            self.counters.duplicates += 1
+            pending = Pending(command, None, [])
+            await self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
+            self._stage(pending)
+        else:
+            assert isinstance(outcome, Rejected)
+            await self._reject(command, append, outcome.reason)
+
+    async def _result(
+        self, pending: Pending, append: AppendCommand, status: str, offset: int | None, reason: str | None = None
+    ) -> None:
+        if append.appendId is None:
+            return
+        body: dict[str, Any] = {"appendId": append.appendId, "streamPath": append.streamPath, "status": status}
+        if offset is not None:
+            body["offset"] = offset
+        if reason is not None:
+            body["reason"] = reason
+        pending.others.append(await self.send(self.topics.results, append.streamPath.encode(), orjson.dumps(body), []))
+
+    async def _reject(self, command: Command, append: AppendCommand | None, reason: str) -> None:
+        self.counters.rejected += 1
+        log.warning("partition %d offset %d rejected: %s", command.partition, command.offset, reason)
+        headers = [
+            (H_REASON, reason.encode()),
+            ("source-topic", self.topics.appends.encode()),
+            ("source-partition", str(command.partition).encode()),
+            (H_SOURCE_OFFSET, str(command.offset).encode()),
+        ]
+        pending = Pending(command, None, [])
+        pending.others.append(await self.send(self.topics.dlq, command.key, command.value, headers))
+        if append is not None:
+            await self._result(pending, append, "rejected", None, reason)
+        self._stage(pending)
+
+    # --- recovery ------------------------------------------------------------------------------
+
+    def recorded_position(self) -> int:
+        value = self.table.get(rows.position_key(self.partition))
+        return -1 if value is None else int(value)
+
+    def catch_up(self, records: Iterable[tuple[int, bytes, dict[str, bytes]]]) -> int:
+        """Re-fold journal records (kafka offset, value, headers) past the recorded position.
+
+        Events a stream's rows already hold are skipped; the rest are folded and stored exactly as
+        the live path would have stored them.
+        """
+        refolded = 0
+        position = None
+        for kafka_offset, value, headers in records:
+            position = kafka_offset
+            try:
+                event = decode_event(value)
+            except EnvelopeError as error:
+                log.error("journal partition %d offset %d is not an event: %s", self.partition, kafka_offset, error)
+                continue
+            entry = self.entry(event.streamPath)
+            if event.offset <= entry.state.cursor:
+                continue
+            source_offset = int(headers.get(H_SOURCE_OFFSET, b"-1"))
+            append_id = headers[H_APPEND_ID].decode() if H_APPEND_ID in headers else None
+            digest = None
+            if event.idempotencyKey is not None:
+                digest = payload_hash(event.type, orjson.loads(value)["payload"])
+            if isinstance(event, InvalidPayloadEvent):
+                log.error(
+                    "journal @%d of %s has an invalid payload (skipped): %s",
+                    event.offset,
+                    event.streamPath,
+                    event.reason,
+                )
+            changed = apply_event(entry.state, event, source_offset, append_id, digest)
+            entry.source_offset = max(entry.source_offset, source_offset)
+            for key, row_value in changed:
+                self.table.put(key, row_value)
+            refolded += 1
+        if position is not None:
+            self.table.put(rows.position_key(self.partition), str(position).encode())
+        self.counters.refolded += refolded
+        return refolded
