@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -39,19 +40,25 @@ def llm() -> Iterator[ScriptedLLM]:
         yield server
 
 
-def client(llm: ScriptedLLM, **kw) -> AsyncOpenAI:
+def client(base_url: str, **kw: Any) -> AsyncOpenAI:
+    # max_retries=0: the SDK would otherwise retry 429/5xx/connection errors by itself.
     kw.setdefault("max_retries", 0)
-    return AsyncOpenAI(base_url=llm.base_url, api_key="test-key", **kw)
+    return AsyncOpenAI(base_url=base_url, api_key="test-key", **kw)
 
 
-async def complete(llm: ScriptedLLM, **kw):
+async def complete(base_url: str, client_kw: dict[str, Any] | None = None, **kw: Any) -> Any:
+    """One chat completion in a fresh, closed-afterwards client; a stream is read to the end."""
     kw.setdefault("messages", MESSAGES)
-    return await client(llm).chat.completions.create(model="m", **kw)
+    async with client(base_url, **(client_kw or {})) as c:
+        result = await c.chat.completions.create(model="m", **kw)
+        if kw.get("stream"):
+            return [chunk async for chunk in result]
+        return result
 
 
 def test_reply_usage_and_recorded_request(llm: ScriptedLLM) -> None:
     llm.push(Reply("hi!", usage=(12, 3)))
-    result = asyncio.run(complete(llm))
+    result = asyncio.run(complete(llm.base_url))
     assert result.choices[0].message.content == "hi!"
     assert result.choices[0].finish_reason == "stop"
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (12, 3)
@@ -63,14 +70,14 @@ def test_reply_usage_and_recorded_request(llm: ScriptedLLM) -> None:
 
 
 def test_default_echo_and_responses_usage_shape(llm: ScriptedLLM) -> None:
-    result = asyncio.run(complete(llm))
+    result = asyncio.run(complete(llm.base_url))
     assert result.choices[0].message.content == "ok: hello there"
     assert result.usage.prompt_tokens > 0
     llm.push(Reply("x", usage=(7, 1), usage_shape="responses"), Reply("y", usage=None))
-    shaped = asyncio.run(complete(llm))
+    shaped = asyncio.run(complete(llm.base_url))
     assert shaped.usage.prompt_tokens is None
     assert (shaped.usage.input_tokens, shaped.usage.output_tokens) == (7, 1)
-    assert asyncio.run(complete(llm)).usage is None
+    assert asyncio.run(complete(llm.base_url)).usage is None
 
 
 @pytest.mark.parametrize(
@@ -85,7 +92,7 @@ def test_default_echo_and_responses_usage_shape(llm: ScriptedLLM) -> None:
 def test_http_errors(llm: ScriptedLLM, status: int, exc: type[Exception]) -> None:
     llm.push(Fail(status))
     with pytest.raises(exc) as info:
-        asyncio.run(complete(llm))
+        asyncio.run(complete(llm.base_url))
     assert info.value.status_code == status
     assert isinstance(info.value, openai.APIStatusError)
 
@@ -93,11 +100,8 @@ def test_http_errors(llm: ScriptedLLM, status: int, exc: type[Exception]) -> Non
 def test_sdk_retries_consume_the_script(llm: ScriptedLLM) -> None:
     # The SDK retries 429/5xx by itself unless max_retries=0; each retry is a new request.
     llm.push(Fail(500, headers=(("retry-after-ms", "10"),)), Reply("second"))
-
-    async def run():
-        return await client(llm, max_retries=1).chat.completions.create(model="m", messages=MESSAGES)
-
-    assert asyncio.run(run()).choices[0].message.content == "second"
+    result = asyncio.run(complete(llm.base_url, client_kw={"max_retries": 1}))
+    assert result.choices[0].message.content == "second"
     assert [r.status for r in llm.records] == [500, 200]
 
 
@@ -105,19 +109,14 @@ def test_garbage(llm: ScriptedLLM) -> None:
     llm.push(Garbage("non-json"), Garbage("no-choices"))
     # Not an openai exception: the JSON decoder error escapes as is.
     with pytest.raises(json.JSONDecodeError):
-        asyncio.run(complete(llm))
+        asyncio.run(complete(llm.base_url))
     # Parsed leniently: no exception, choices is None. Callers must validate.
-    assert asyncio.run(complete(llm)).choices is None
+    assert asyncio.run(complete(llm.base_url)).choices is None
 
 
 def test_streaming_with_usage(llm: ScriptedLLM) -> None:
     llm.push(Reply("one two three", usage=(5, 3)))
-
-    async def run():
-        stream = await complete(llm, stream=True, stream_options={"include_usage": True})
-        return [chunk async for chunk in stream]
-
-    chunks = asyncio.run(run())
+    chunks = asyncio.run(complete(llm.base_url, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "one two three"
     assert chunks[-1].choices == []
@@ -130,12 +129,13 @@ def test_slow_stream_and_delay(llm: ScriptedLLM) -> None:
     llm.push(SlowStream("a b c d", chunk_delay=0.05), delay(0.2, Reply("late")))
 
     async def run():
-        started = time.monotonic()
-        stream = await complete(llm, stream=True)
-        arrivals = [time.monotonic() - started async for c in stream if c.choices[0].delta.content]
-        t0 = time.monotonic()
-        late = await complete(llm)
-        return arrivals, time.monotonic() - t0, late
+        async with client(llm.base_url) as c:
+            started = time.monotonic()
+            stream = await c.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            arrivals = [time.monotonic() - started async for ch in stream if ch.choices[0].delta.content]
+            t0 = time.monotonic()
+            late = await c.chat.completions.create(model="m", messages=MESSAGES)
+            return arrivals, time.monotonic() - t0, late
 
     arrivals, late_elapsed, late = asyncio.run(run())
     assert len(arrivals) == 4 and arrivals[-1] >= 0.2
@@ -148,12 +148,11 @@ def test_cancelling_the_task_aborts_the_http_call(llm: ScriptedLLM, stream: bool
     seen: list[str] = []
 
     async def call():
-        if stream:
-            response = await complete(llm, stream=True)
-            async for chunk in response:
-                seen.append(chunk.choices[0].delta.content or "")
-        else:
-            await complete(llm)
+        async with client(llm.base_url) as c:
+            response = await c.chat.completions.create(model="m", messages=MESSAGES, stream=stream)
+            if stream:
+                async for chunk in response:
+                    seen.append(chunk.choices[0].delta.content or "")
 
     async def run():
         task = asyncio.create_task(call())
@@ -173,31 +172,31 @@ def test_cancelling_the_task_aborts_the_http_call(llm: ScriptedLLM, stream: bool
 def test_timeout_and_connection_errors(llm: ScriptedLLM) -> None:
     llm.push(Hang(), Drop())
     with pytest.raises(openai.APITimeoutError):
-        asyncio.run(complete(llm, timeout=0.3))
+        asyncio.run(complete(llm.base_url, timeout=0.3))
     assert llm.wait_for_disconnect(timeout=5).index == 0
     with pytest.raises(openai.APIConnectionError) as info:
-        asyncio.run(complete(llm))
+        asyncio.run(complete(llm.base_url))
     assert not isinstance(info.value, openai.APITimeoutError)
 
     refused = ScriptedLLM().start()
     base_url = refused.base_url
     refused.stop()
-
-    async def run():
-        return await AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=MESSAGES
-        )
-
     with pytest.raises(openai.APIConnectionError):
-        asyncio.run(run())
+        asyncio.run(complete(base_url))
 
 
-def test_developer_role_reject_mode() -> None:
-    with ScriptedLLM(developer_role="reject") as llm:
-        with pytest.raises(openai.BadRequestError):
-            asyncio.run(complete(llm, messages=[*MESSAGES, {"role": "developer", "content": "now"}]))
+def test_llama_cpp_like_mode() -> None:
+    # Like llama-cpp-python 0.3.36: `developer` messages get HTTP 500, streams carry no usage.
+    with ScriptedLLM(developer_role="reject", stream_usage=False) as llm:
+        llm.push(Reply("kept for the next request"))
+        with pytest.raises(openai.InternalServerError) as info:
+            asyncio.run(complete(llm.base_url, messages=[*MESSAGES, {"role": "developer", "content": "now"}]))
+        assert "validation error" in info.value.message
         assert llm.records[0].response == "reject-developer"
-        assert asyncio.run(complete(llm)).choices[0].message.content == "ok: hello there"
+
+        chunks = asyncio.run(complete(llm.base_url, stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "kept for the next request"
+        assert all(c.usage is None for c in chunks)
 
 
 def test_stop_ends_hanging_requests_quickly() -> None:
@@ -205,7 +204,7 @@ def test_stop_ends_hanging_requests_quickly() -> None:
     llm.push(Hang())
 
     async def run():
-        task = asyncio.create_task(complete(llm))
+        task = asyncio.create_task(complete(llm.base_url))
         await llm.await_requests(1)
         started = time.monotonic()
         await asyncio.to_thread(llm.stop)
@@ -232,13 +231,13 @@ def test_standalone_instant_process() -> None:
             assert json.load(resp)["data"][0]["id"] == "scripted"
 
         async def run():
-            c = AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
-            return await asyncio.gather(
-                *(c.chat.completions.create(model="m", messages=MESSAGES) for _ in range(20))
-            )
+            async with client(base_url) as c:
+                calls = (c.chat.completions.create(model="m", messages=MESSAGES) for _ in range(20))
+                return await asyncio.gather(*calls)
 
         results = asyncio.run(run())
         assert {r.choices[0].message.content for r in results} == {"ok: hello there"}
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        proc.stdout.close()

@@ -6,8 +6,8 @@
 #     (scripts/model/start.sh).
 #
 # NOTE: llama-cpp-python compiles llama.cpp from source. The first install takes several
-# minutes (about 9 minutes on 2 cores); pip caches the built wheel, so reinstalling into a fresh
-# venv later is fast. Pass extra CMake flags through CMAKE_ARGS if needed (for example
+# minutes (measured: 6 minutes on 2 shared cores); pip caches the built wheel, so reinstalling
+# into a fresh venv later is fast. Pass extra CMake flags through CMAKE_ARGS if needed (for example
 # CMAKE_ARGS="-DGGML_NATIVE=OFF" when the venv is built on one machine and used on another).
 #
 # Idempotent: does nothing when the exact versions are already installed and importable.

@@ -22,6 +22,9 @@ API is thread-safe)::
         ...
         rec = llm.wait_for_disconnect(timeout=5)
 
+``ScriptedLLM(developer_role="reject", stream_usage=False)`` behaves like the embedded
+llama-cpp-python server: a ``developer`` message gets HTTP 500, streams carry no usage chunk.
+
 Inside a running event loop use ``await llm.astart()`` / ``await llm.astop()`` instead (then
 use the async waiters ``await llm.await_requests(...)``, never the blocking ones).
 
@@ -239,13 +242,19 @@ class ScriptedLLM:
         model: str = "scripted",
         default: Responder = echo_responder,
         developer_role: Literal["accept", "reject"] = "accept",
+        stream_usage: bool = True,
         record: bool = True,
     ) -> None:
+        """``developer_role="reject"`` answers any request containing a ``developer`` message the
+        way llama-cpp-python does (HTTP 500, see ``LLAMA_CPP_DEVELOPER_BODY``) without consuming
+        the script. ``stream_usage=False`` ignores ``stream_options.include_usage`` like
+        llama-cpp-python (no usage chunk in streams). ``record=False`` keeps no records."""
         self.host = host
         self._requested_port = port
         self.model = model
         self.default = default
         self.developer_role = developer_role
+        self.stream_usage = stream_usage
         self.record = record
         self.port: int | None = None
         self.request_count = 0
@@ -557,14 +566,14 @@ class ScriptedLLM:
             if stream:
                 resp = await self._open_stream(request, rec)
                 for chunk in _split(entry.partial, None):
-                    await self._write_chunk(resp, rec, self._delta(rec, chunk, _include_usage(rec)))
+                    await self._write_chunk(resp, rec, self._delta(rec, chunk, self._usage_chunks(rec)))
             await self._sleep(None)
             raise AssertionError("unreachable")
         if isinstance(entry, Drop):
             if stream:
                 resp = await self._open_stream(request, rec)
                 for chunk in _split(entry.partial, None):
-                    await self._write_chunk(resp, rec, self._delta(rec, chunk, _include_usage(rec)))
+                    await self._write_chunk(resp, rec, self._delta(rec, chunk, self._usage_chunks(rec)))
             self._finish(rec, aborted=True, status=200 if stream else None)
             if request.transport is not None:
                 request.transport.abort()
@@ -596,7 +605,7 @@ class ScriptedLLM:
             self._finish(rec, completed=True, status=200)
             return web.json_response(payload_obj)
 
-        include_usage = _include_usage(rec)
+        include_usage = self._usage_chunks(rec)
         resp = await self._open_stream(request, rec)
         rec.status = 200
         for chunk in chunks:
@@ -615,6 +624,11 @@ class ScriptedLLM:
         return resp
 
     # ---- helpers ----------------------------------------------------------------------------
+
+    def _usage_chunks(self, rec: RequestRecord) -> bool:
+        """Whether stream chunks carry ``usage`` (null, then a final usage-only chunk)."""
+        body = rec.body if isinstance(rec.body, dict) else {}
+        return self.stream_usage and bool((body.get("stream_options") or {}).get("include_usage"))
 
     async def _sleep(self, seconds: float | None) -> None:
         """Sleep (forever when None); the server stopping ends it with CancelledError."""
@@ -635,7 +649,7 @@ class ScriptedLLM:
         await resp.prepare(request)
         rec.status = 200
         # First chunk announces the role, like OpenAI.
-        first = self._chunk(rec, {"role": "assistant", "content": ""}, None, _include_usage(rec))
+        first = self._chunk(rec, {"role": "assistant", "content": ""}, None, self._usage_chunks(rec))
         await self._write_chunk(resp, rec, first, count=False)
         return resp
 
@@ -677,20 +691,21 @@ class ScriptedLLM:
             raise _ClientGone() from exc
 
 
-LLAMA_CPP_DEVELOPER_STATUS = 400
+# llama-cpp-python 0.3.36 validates messages with pydantic and answers a `developer` message with
+# HTTP 500 (openai.InternalServerError, which the SDK retries unless max_retries=0), body:
+LLAMA_CPP_DEVELOPER_STATUS = 500
 LLAMA_CPP_DEVELOPER_BODY: dict[str, Any] = {
     "error": {
-        "message": "developer role is not supported",
-        "type": "invalid_request_error",
+        "message": (
+            "7 validation errors:\n  {'type': 'literal_error', 'loc': ('body', 'messages', 0, "
+            "'ChatCompletionRequestSystemMessage', 'role'), 'msg': \"Input should be 'system'\", "
+            "'input': 'developer', 'ctx': {'expected': \"'system'\"}}\n  ..."
+        ),
+        "type": "internal_server_error",
         "param": None,
         "code": None,
     }
 }
-
-
-def _include_usage(rec: RequestRecord) -> bool:
-    body = rec.body if isinstance(rec.body, dict) else {}
-    return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def _kind(entry: Response) -> str:
@@ -725,9 +740,7 @@ def _usage(spec: UsageSpec, shape: str, body: dict[str, Any], text: str) -> dict
     if isinstance(spec, dict):
         return dict(spec)
     if spec == "auto":
-        n_in = sum(
-            _approx_tokens(_content_text(m.get("content"))) for m in body["messages"] if isinstance(m, dict)
-        )
+        n_in = sum(_approx_tokens(_content_text(m.get("content"))) for m in body["messages"] if isinstance(m, dict))
         n_out = _approx_tokens(text)
     else:
         n_in, n_out = spec
@@ -760,9 +773,7 @@ def _fail_response(entry: Fail) -> web.Response:
         payload = json.dumps(entry.body).encode()
     else:
         payload = entry.body.encode() if isinstance(entry.body, str) else entry.body
-    return web.Response(
-        body=payload, status=entry.status, content_type=_mime(entry.content_type), headers=headers
-    )
+    return web.Response(body=payload, status=entry.status, content_type=_mime(entry.content_type), headers=headers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -771,9 +782,7 @@ def _fail_response(entry: Fail) -> web.Response:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.support.scripted_llm", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m tests.support.scripted_llm", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks an ephemeral port (printed)")
     parser.add_argument("--instant", action="store_true", help="answer instantly, keep no records")
