@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from processors.state import AgentState, Cell, OpenRequest, PendingTrigger, TriggerSource, UsageReport
@@ -41,8 +41,13 @@ class JournalOrderError(ValueError):
     """Events must fold strictly in offset order, one stream per state."""
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
 def epoch_ms(created_at: str) -> int:
-    return int(datetime.fromisoformat(created_at).timestamp() * 1000)
+    """Exact epoch milliseconds of a createdAt (integer arithmetic: no float truncation)."""
+    return (datetime.fromisoformat(created_at) - _EPOCH) // _MS
 
 
 def trigger_source(item: ContextItem) -> TriggerSource | None:

@@ -177,6 +177,8 @@ def item_json(cell: Cell) -> dict[str, Any]:
         out["compaction"] = item.compaction.model_dump(exclude_none=True)
     if item.llmRequestOffset is not None:
         out["llmRequestOffset"] = item.llmRequestOffset
+    if item.llmRequestPolicy is not None:
+        out["llmRequestPolicy"] = item.llmRequestPolicy.model_dump()
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.context import Wire
 
@@ -36,17 +36,30 @@ class AgentConfig(Wire):
 
 # The patch mirrors AgentConfig with every field optional; only the fields a producer sets are
 # merged, so "absent" and "default" stay distinct.
-class LlmPatch(Wire):
+class _Patch(Wire):
+    """A partial patch: a field is either absent or a value; `null` is not a value."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            nulls = [name for name, value in data.items() if value is None]
+            if nulls:
+                raise ValueError(f"{', '.join(nulls)} must not be null: omit a field to leave it unchanged")
+        return data
+
+
+class LlmPatch(_Patch):
     model: Annotated[str, Field(min_length=1)] | None = None
 
 
-class RetryPolicyPatch(Wire):
+class RetryPolicyPatch(_Patch):
     maxAttempts: PositiveCount | None = None
     backoffBaseMs: NonNegativeMs | None = None
     backoffMaxMs: NonNegativeMs | None = None
 
 
-class ConfigPatch(Wire):
+class ConfigPatch(_Patch):
     llm: LlmPatch | None = None
     llmRequestDebounceMs: NonNegativeMs | None = None
     llmRequestExpiryMs: Annotated[int, Field(ge=1, strict=True)] | None = None
