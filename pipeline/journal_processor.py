@@ -79,17 +79,20 @@ class Pending:
     command: Command
     delivery: asyncio.Future[Any] | None  # journal record metadata, if one was produced
     rows: list[rows.Row]
-    others: list[asyncio.Future[Any]] = field(default_factory=list)  # results / DLQ deliveries
+    dlq_delivery: asyncio.Future[Any] | None = None
+    result: tuple[str, bytes] | None = None  # (stream path, body) for agent-append-results
     queued_at: float = field(default_factory=time.monotonic)
 
     def done(self) -> bool:
-        return (self.delivery is None or self.delivery.done()) and all(f.done() for f in self.others)
+        return (self.delivery is None or self.delivery.done()) and (
+            self.dlq_delivery is None or self.dlq_delivery.done()
+        )
 
     async def wait(self) -> None:
         if self.delivery is not None:
             await self.delivery
-        for future in self.others:
-            await future
+        if self.dlq_delivery is not None:
+            await self.dlq_delivery
 
 
 @dataclass
@@ -126,6 +129,7 @@ class PartitionEngine:
         self.overlay_owner: dict[bytes, Pending] = {}
         self.queue: deque[Pending] = deque()
         self.caught_up = False
+        self.tick_sent = False  # a flush tick is on its way through agent-appends
         self.counters = Counters()
 
     # --- rows ----------------------------------------------------------------------------------
@@ -178,12 +182,16 @@ class PartitionEngine:
                 await pending.wait()
             queue.popleft()
             self._store(pending)
+            if pending.result is not None:
+                # Only now is the outcome durable; the client's wait() returns on this record.
+                path, body = pending.result
+                await self.send(self.topics.results, path.encode(), body, [])
             stored += 1
         return stored
 
     def _store(self, pending: Pending) -> None:
-        for future in pending.others:
-            future.result()  # a failed DLQ/result delivery must not be acknowledged silently
+        if pending.dlq_delivery is not None:
+            pending.dlq_delivery.result()  # a failed DLQ delivery must not be acknowledged silently
         put = self.table.put
         for key, value in pending.rows:
             put(key, value)
@@ -203,6 +211,7 @@ class PartitionEngine:
         else:
             await self.drain(wait=False)
         if H_TICK in command.headers:
+            self.tick_sent = False
             await self.drain(wait=True)
             command.ack()
             return
@@ -228,18 +237,18 @@ class PartitionEngine:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
             delivery = await self.send(self.topics.journal, command.key, outcome.record, headers)
             pending = Pending(command, delivery, outcome.rows)
-            await self._result(pending, append, "journaled", outcome.event.offset)
+            self._result(pending, append, "journaled", outcome.event.offset)
             self._stage(pending)
         elif isinstance(outcome, Duplicate):
             self.counters.duplicates += 1
             pending = Pending(command, None, [])
-            await self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
+            self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
             self._stage(pending)
         else:
             assert isinstance(outcome, Rejected)
             await self._reject(command, append, outcome.reason)
 
-    async def _result(
+    def _result(
         self, pending: Pending, append: AppendCommand, status: str, offset: int | None, reason: str | None = None
     ) -> None:
         if append.appendId is None:
@@ -249,7 +258,7 @@ class PartitionEngine:
             body["offset"] = offset
         if reason is not None:
             body["reason"] = reason
-        pending.others.append(await self.send(self.topics.results, append.streamPath.encode(), orjson.dumps(body), []))
+        pending.result = (append.streamPath, orjson.dumps(body))
 
     async def _reject(self, command: Command, append: AppendCommand | None, reason: str) -> None:
         self.counters.rejected += 1
@@ -261,9 +270,9 @@ class PartitionEngine:
             (H_SOURCE_OFFSET, str(command.offset).encode()),
         ]
         pending = Pending(command, None, [])
-        pending.others.append(await self.send(self.topics.dlq, command.key, command.value, headers))
+        pending.dlq_delivery = await self.send(self.topics.dlq, command.key, command.value, headers)
         if append is not None:
-            await self._result(pending, append, "rejected", None, reason)
+            self._result(pending, append, "rejected", None, reason)
         self._stage(pending)
 
     # --- recovery ------------------------------------------------------------------------------

@@ -1,0 +1,274 @@
+"""The client API over confluent-kafka (CONTRACT §5).
+
+    client = Client()                      # settings from AGENTSTREAM_* environment variables
+    agent = client.agents.create()         # appends agent/created and the base policy
+    receipt = agent.append({"type": CONTEXT_ADDED, "payload": {...}})
+    offset = receipt.wait()                # journaled offset (or AppendRejected)
+    events = client.streams.get(agent.path).events()
+
+Every append carries a fresh append id, so a retried send is journaled once. Appends are produced
+to `agent-appends` keyed by stream path with the Java-compatible murmur2 partitioner; outcomes
+come back on `agent-append-results`, which one background consumer per client follows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from pipeline import base_policy
+from pipeline.partitioner import partition_for
+from pipeline.settings import Settings
+from schemas.events import AGENT_CREATED, CONTEXT_ADDED, AppendCommand, decode_event, parse_consumed_input
+from topics.names import topic_names
+
+
+class AppendError(Exception):
+    """An append did not reach the journal."""
+
+
+class AppendRejected(AppendError):
+    """The journal processor rejected the append; the reason says why (also in agent-dlq)."""
+
+
+class AppendTimeout(AppendError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    append_id: str
+    status: str  # journaled | duplicate | rejected
+    offset: int | None
+    reason: str | None
+
+
+class Receipt:
+    """The handle of one sent append: wait for its outcome."""
+
+    def __init__(self, client: Client, append_id: str, stream_path: str) -> None:
+        self._client = client
+        self.append_id = append_id
+        self.stream_path = stream_path
+
+    def result(self, timeout: float = 30.0) -> AppendResult:
+        return self._client._results.wait(self.append_id, timeout)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """The offset the append was journaled at (or, for a duplicate, the existing event's)."""
+        result = self.result(timeout)
+        if result.status == "rejected":
+            raise AppendRejected(f"append to {self.stream_path} rejected: {result.reason}")
+        assert result.offset is not None
+        return result.offset
+
+
+class _Results:
+    """Follows agent-append-results from the moment the client starts."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self._consumer = Consumer(
+            {
+                **settings.kafka_client_config(),
+                "group.id": f"agentstream-client-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+        metadata = self._consumer.list_topics(topic, timeout=10).topics[topic]
+        if metadata.error is not None:
+            raise AppendError(f"topic {topic} is not available: {metadata.error}; run `agentstream topics ensure`")
+        partitions = [TopicPartition(topic, p) for p in metadata.partitions]
+        for tp in partitions:
+            _, high = self._consumer.get_watermark_offsets(tp, timeout=10)
+            tp.offset = high
+        self._consumer.assign(partitions)
+        self._results: dict[str, AppendResult] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentstream-results", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            messages = self._consumer.consume(500, timeout=0.1)
+            if not messages:
+                continue
+            with self._cond:
+                for message in messages:
+                    if message.error() is not None:
+                        continue
+                    body = orjson.loads(message.value())
+                    self._results[body["appendId"]] = AppendResult(
+                        body["appendId"], body["status"], body.get("offset"), body.get("reason")
+                    )
+                self._cond.notify_all()
+
+    def wait(self, append_id: str, timeout: float) -> AppendResult:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while append_id not in self._results:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AppendTimeout(
+                        f"append {append_id} has no outcome after {timeout:.0f}s: is the journal worker running?"
+                    )
+                self._cond.wait(remaining)
+            return self._results.pop(append_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._consumer.close()
+
+
+class Stream:
+    """Any stream: the raw append door and the journal reader."""
+
+    def __init__(self, client: Client, path: str) -> None:
+        AppendCommand.model_validate({"streamPath": path, "type": "x", "payload": {}})  # path check
+        self._client = client
+        self.path = path
+
+    def append(self, raw: Mapping[str, Any]) -> Receipt:
+        """Append any event type: `{type, payload, idempotencyKey?}`. Consumed types are still validated."""
+        return self._client._send(self.path, dict(raw))
+
+    def events(self, timeout: float = 10.0) -> list[Any]:
+        """Every journaled event of this stream, in offset order (reads its journal partition)."""
+        return self._client._read_journal(self.path, timeout)
+
+
+class Agent:
+    def __init__(self, client: Client, path: str) -> None:
+        self.path = path
+        self.stream = Stream(client, path)
+
+    def append(self, event: Mapping[str, Any]) -> Receipt:
+        """Append one of the agent's consumed inputs, validated by `parse_consumed_input`."""
+        parse_consumed_input(dict(event))  # raises ValueError naming each bad field
+        return self.stream.append(event)
+
+    def __repr__(self) -> str:
+        return f"Agent({self.path!r})"
+
+
+class Agents:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def create(self) -> Agent:
+        """A new agent: `agent/created`, then the shipped base policy as its system prompt."""
+        agent = Agent(self._client, f"/agents/{uuid.uuid4().hex[:16]}")
+        agent.append(
+            {"type": AGENT_CREATED, "payload": {"by": "agentstream-client"}, "idempotencyKey": "agent/created"}
+        )
+        agent.append(
+            {
+                "type": CONTEXT_ADDED,
+                "payload": {"role": "system", "content": base_policy.TEXT, "key": base_policy.SYSTEM_PROMPT_KEY},
+                "idempotencyKey": base_policy.IDEMPOTENCY_KEY,
+            }
+        )
+        return agent
+
+    def get(self, path: str) -> Agent:
+        return Agent(self._client, path)
+
+
+class Streams:
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def get(self, path: str) -> Stream:
+        return Stream(self._client, path)
+
+
+class Client:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.topics = topic_names(self.settings.topic_prefix)
+        self._producer = Producer(
+            {
+                **self.settings.kafka_client_config(),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+                "partitioner": "murmur2_random",  # Java/aiokafka-compatible: same partition everywhere
+                "log_level": 3,
+            }
+        )
+        self._results = _Results(self.settings, self.topics.results)
+        self._delivery_error: KafkaError | None = None
+        self.agents = Agents(self)
+        self.streams = Streams(self)
+
+    def _send(self, path: str, raw: dict[str, Any]) -> Receipt:
+        append_id = uuid.uuid4().hex
+        command = AppendCommand.model_validate({**raw, "streamPath": path, "appendId": append_id})
+        self._producer.produce(
+            self.topics.appends,
+            key=path.encode(),
+            value=command.model_dump_json(exclude_none=True).encode(),
+            on_delivery=self._on_delivery,
+        )
+        self._producer.poll(0)
+        if self._delivery_error is not None:
+            raise AppendError(f"could not write to {self.topics.appends}: {self._delivery_error}")
+        return Receipt(self, append_id, path)
+
+    def _on_delivery(self, error: KafkaError | None, _message: Any) -> None:
+        if error is not None:
+            self._delivery_error = error
+
+    def flush(self, timeout: float = 30.0) -> None:
+        if self._producer.flush(timeout) > 0:
+            raise AppendError(f"appends not delivered to Kafka within {timeout:.0f}s")
+
+    def _read_journal(self, path: str, timeout: float) -> list[Any]:
+        partition = partition_for(path, self.settings.partitions)
+        consumer = Consumer(
+            {
+                **self.settings.kafka_client_config(),
+                "group.id": "agentstream-reader",
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+        try:
+            tp = TopicPartition(self.topics.journal, partition)
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            events: list[Any] = []
+            if high <= low:
+                return events
+            consumer.assign([TopicPartition(self.topics.journal, partition, low)])
+            key = path.encode()
+            deadline = time.monotonic() + timeout
+            position = low
+            while position < high and time.monotonic() < deadline:
+                for message in consumer.consume(1000, timeout=0.5):
+                    if message.error() is not None:
+                        continue
+                    position = message.offset() + 1
+                    if message.key() == key:
+                        events.append(decode_event(message.value()))
+            return events
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        self._producer.flush(10)
+        self._results.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

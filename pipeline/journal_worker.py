@@ -1,0 +1,258 @@
+"""The journal processor as a Faust worker (`agentstream worker journal`).
+
+Faust supplies the consumer group, partition assignment, offset commits and the changelog-backed
+RocksDB table; `pipeline.journal_processor.PartitionEngine` makes every decision. Notes on Faust
+(see DESIGN.md, "Known traps"):
+- keys and values are raw bytes everywhere (`raw` serializers), so prefix scans work;
+- the table is written only while an event of the same partition is being handled (Faust routes
+  a table write to the partition of the current event); ticks are records, not timers, for that;
+- acknowledgements are manual (`noack`): a command is acknowledged once its journal record is
+  acknowledged and its rows are stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from pipeline.journal_processor import H_TICK, Command, PartitionEngine
+from pipeline.settings import Settings
+from topics.names import topic_names
+
+log = logging.getLogger("agentstream.journal")
+
+RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+ROWS_TABLE = "rows"
+
+
+class FaustRows:
+    """`RowTable` over one partition of the Faust table: reads straight from its RocksDB, writes
+    through the table so that every write also reaches the changelog."""
+
+    def __init__(self, table: Any, partition: int) -> None:
+        self.table = table
+        self.partition = partition
+
+    def _db(self) -> Any:
+        # Faust has no public per-partition read or prefix scan; this is the one place we reach in.
+        return self.table.data._db_for_partition(self.partition)
+
+    def get(self, key: bytes) -> bytes | None:
+        value = self._db().get(key)
+        return None if value is None else bytes(value)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in self._db().items(from_key=prefix):
+            if not key.startswith(prefix):
+                return
+            yield bytes(key), bytes(value)
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            with contextlib.suppress(KeyError):  # re-folds may delete a row twice
+                del self.table[key]
+        else:
+            self.table[key] = value
+
+
+def build_app(settings: Settings) -> faust.App:
+    names = topic_names(settings.topic_prefix)
+    mb = 1 << 20
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap_servers}",
+        broker_credentials=_credentials(settings),
+        store="rocksdb://",
+        datadir=str(settings.data_dir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=True,  # the changelog topic; our own topics exist already (topics ensure)
+        web_enabled=settings.worker_port > 0,
+        web_port=settings.worker_port or 6066,
+        web_bind="0.0.0.0",
+        producer_acks=-1,
+        producer_linger_ms=1,
+        stream_wait_empty=False,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+    )
+    appends = app.topic(names.appends, partitions=settings.partitions, **RAW)
+    topics: dict[str, Any] = {
+        names.journal: app.topic(names.journal, partitions=settings.partitions, **RAW),
+        names.dlq: app.topic(names.dlq, partitions=settings.partitions, **RAW),
+        names.results: app.topic(names.results, partitions=settings.partitions, **RAW),
+        names.appends: appends,
+    }
+    table = app.Table(
+        ROWS_TABLE,
+        partitions=settings.partitions,
+        key_type=bytes,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        options={
+            "write_buffer_size": settings.rocksdb_write_buffer_mb * mb,
+            "max_write_buffer_number": 2,
+            "block_cache_size": settings.rocksdb_block_cache_mb * mb,
+            "target_file_size_base": 8 * mb,
+        },
+    )
+    engines: dict[int, PartitionEngine] = {}
+
+    def engine_for(partition: int) -> PartitionEngine:
+        engine = engines.get(partition)
+        if engine is None:
+
+            async def send(topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
+                return await topics[topic].send(key=key, value=value, partition=partition, headers=headers)
+
+            engine = engines[partition] = PartitionEngine(
+                partition, FaustRows(table, partition), names, send, max_cached_streams=settings.max_cached_streams
+            )
+        return engine
+
+    async def recover(engine: PartitionEngine) -> None:
+        """Re-fold the journal tail past the rows' recorded position (crash or rebalance)."""
+        started = time.monotonic()
+        position = engine.recorded_position()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **_aiokafka_security(settings)
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition(names.journal, engine.partition)
+            consumer.assign([tp])
+            end = (await consumer.end_offsets([tp]))[tp]
+            if position + 1 >= end:
+                engine.caught_up = True
+                return
+            consumer.seek(tp, position + 1)
+            refolded = 0
+            while True:
+                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
+                records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
+                refolded += engine.catch_up(records)
+                if records and records[-1][0] + 1 >= end:
+                    break
+            log.info(
+                "partition %d: re-folded %d journal events past position %d in %.2fs",
+                engine.partition,
+                refolded,
+                position,
+                time.monotonic() - started,
+            )
+            engine.caught_up = True
+        finally:
+            await consumer.stop()
+
+    @app.agent(appends, name="journal")
+    async def journal(stream: Any) -> None:
+        async for event in stream.noack().events():
+            message = event.message
+            engine = engine_for(message.partition)
+            try:
+                if not engine.caught_up:
+                    await recover(engine)
+                headers = message.headers or ()
+                await engine.handle(
+                    Command(
+                        partition=message.partition,
+                        offset=message.offset,
+                        key=message.key,
+                        value=message.value or b"",
+                        headers=dict(headers.items() if isinstance(headers, dict) else headers),
+                        ack=event.ack,
+                    )
+                )
+            except Exception:
+                # The in-memory state may now be ahead of the journal; only a restart (which
+                # restores rows and re-folds the journal) is safe. Exit like a crash would.
+                log.critical(
+                    "journal partition %d failed; exiting for a clean recovery", message.partition, exc_info=True
+                )
+                logging.shutdown()
+                os._exit(70)
+
+    @app.timer(interval=settings.flush_interval_ms / 1000)
+    async def tick() -> None:
+        """Ask idle partitions to store their acknowledged rows (tables are written by events only)."""
+        now = time.monotonic()
+        for partition, engine in list(engines.items()):
+            queue = engine.queue
+            if queue and now - queue[0].queued_at >= settings.flush_interval_ms / 1000 and not engine.tick_sent:
+                engine.tick_sent = True
+                await appends.send(key=b"", value=b"", partition=partition, headers=[(H_TICK, b"1")])
+
+    @app.on_partitions_assigned.connect
+    async def assigned(app: Any, assigned: set[Any], **_: Any) -> None:
+        # Every owned partition catches up now, not at its next command.
+        for tp in assigned:
+            if tp.topic == names.appends:
+                await appends.send(key=b"", value=b"", partition=tp.partition, headers=[(H_TICK, b"1")])
+
+    @app.on_partitions_revoked.connect
+    async def revoked(app: Any, revoked: set[Any], **_: Any) -> None:
+        for tp in revoked:
+            if tp.topic != names.appends:
+                continue
+            engine = engines.pop(tp.partition, None)
+            if engine is not None:
+                # Let in-flight journal records land before another worker reads the tail.
+                await asyncio.gather(*(p.wait() for p in engine.queue), return_exceptions=True)
+
+    app.agentstream_engines = engines  # type: ignore[attr-defined]
+    return app
+
+
+def _credentials(settings: Settings) -> Any:
+    if settings.sasl_mechanism and settings.sasl_username:
+        ssl_context = None
+        if settings.security_protocol.endswith("SSL"):
+            import ssl
+
+            ssl_context = ssl.create_default_context(cafile=settings.ssl_cafile)
+        return faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password or "",
+            mechanism=settings.sasl_mechanism,
+            ssl_context=ssl_context,
+        )
+    if settings.security_protocol == "SSL":
+        import ssl
+
+        return faust.SSLCredentials(ssl.create_default_context(cafile=settings.ssl_cafile))
+    return None
+
+
+def _aiokafka_security(settings: Settings) -> dict[str, Any]:
+    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
+    if settings.sasl_mechanism:
+        options.update(
+            sasl_mechanism=settings.sasl_mechanism,
+            sasl_plain_username=settings.sasl_username,
+            sasl_plain_password=settings.sasl_password,
+        )
+    if settings.security_protocol.endswith("SSL"):
+        import ssl
+
+        options["ssl_context"] = ssl.create_default_context(cafile=settings.ssl_cafile)
+    return options
+
+
+def run(settings: Settings) -> None:
+    """Run the worker in the foreground until SIGTERM/SIGINT."""
+    from faust.worker import Worker
+
+    logging.basicConfig(level=settings.log_level)
+    app = build_app(settings)
+    worker = Worker(app, loglevel=settings.log_level.lower(), quiet=True)
+    worker.execute_from_commandline()

@@ -1,0 +1,153 @@
+"""Integration-test support: the real local broker, an isolated topic set per test, a worker process.
+
+Each `Stack` gets its own topic prefix, Faust app id and data directory, so tests never see each
+other's records or rows. The journal worker runs as a real `agentstream worker journal` process that
+a test can restart or SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from pipeline.client import Client
+from pipeline.settings import Settings
+from topics.admin import ensure_topics
+from topics.names import topic_specs
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+
+
+def ensure_broker() -> None:
+    """Start the local broker unless one answers (the start script is idempotent)."""
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "kafka" / "start.sh")], capture_output=True, text=True, timeout=300
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"local Kafka broker did not start:\n{result.stdout}\n{result.stderr}")
+
+
+class Stack:
+    def __init__(self, data_dir: Path, partitions: int = 4) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.settings = Settings.from_env(
+            {},
+            bootstrap_servers=BOOTSTRAP,
+            topic_prefix=f"t{tag}-",
+            partitions=partitions,
+            data_dir=data_dir,
+            app_id=f"agentstream-test-{tag}",
+            worker_port=0,
+            flush_interval_ms=20,
+            log_level="WARNING",
+        )
+        self.specs = topic_specs(self.settings.topic_prefix, partitions, 1)
+        ensure_topics(BOOTSTRAP, self.specs)
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir / "worker.log"
+        self._client: Client | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name, value in self.settings.model_dump().items():
+            if value is not None:
+                env[f"AGENTSTREAM_{name.upper()}"] = str(value)
+        return env
+
+    def start_worker(self) -> None:
+        assert self.worker is None or self.worker.poll() is not None
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.worker = subprocess.Popen(
+            [str(BIN / "agentstream"), "worker", "journal"], env=self.env(), stdout=log, stderr=subprocess.STDOUT
+        )
+
+    def stop_worker(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        if self.worker is None or self.worker.poll() is not None:
+            return
+        self.worker.send_signal(sig)
+        try:
+            self.worker.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+            self.worker.wait(10)
+
+    def worker_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.settings)
+        return self._client
+
+    def produce_raw(self, value: bytes, key: bytes | None) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": BOOTSTRAP, "partitioner": "murmur2_random", "log_level": 3})
+        producer.produce(self.client.topics.appends, key=key, value=value)
+        producer.flush(10)
+
+    def read_topic(self, topic: str, timeout: float = 10.0) -> list[Any]:
+        """Every record of a topic (all partitions) up to its current end."""
+        consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "test-reader", "log_level": 3})
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            ends = {}
+            assignment = []
+            for p in partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if high > low:
+                    ends[p] = high
+                    assignment.append(TopicPartition(topic, p, low))
+            if not assignment:
+                return []
+            consumer.assign(assignment)
+            records: list[Any] = []
+            deadline = time.monotonic() + timeout
+            done: set[int] = set()
+            while len(done) < len(ends) and time.monotonic() < deadline:
+                for message in consumer.consume(1000, timeout=0.5):
+                    if message.error() is not None:
+                        continue
+                    records.append(message)
+                    if message.offset() + 1 >= ends[message.partition()]:
+                        done.add(message.partition())
+            return records
+        finally:
+            consumer.close()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self.stop_worker()
+        admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
+        names = [spec.name for spec in self.specs]
+        changelog = f"{self.settings.app_id}-rows-changelog"
+        futures = admin.delete_topics([*names, changelog], operation_timeout=10)
+        for future in futures.values():
+            with contextlib.suppress(Exception):  # best effort: the changelog may not exist
+                future.result()
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
