@@ -6,9 +6,10 @@ from it by `agentstream settings`).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -55,15 +56,46 @@ class Settings(BaseModel):
     sasl_password: Annotated[str | None, Field(description="Kafka SASL password.")] = None
     ssl_cafile: Annotated[str | None, Field(description="CA bundle for Kafka TLS.")] = None
     log_level: Annotated[str, Field(description="Log level of workers (DEBUG, INFO, WARNING).")] = "INFO"
+    # --- the LLM caller -------------------------------------------------------------------------
+    openai_api_key: Annotated[
+        str | None,
+        Field(description="API key for the LLM endpoint; OPENAI_API_KEY is read too. Unset: the embedded model."),
+    ] = None
+    openai_base_url: Annotated[
+        str | None,
+        Field(description="OpenAI-compatible base URL. Unset: api.openai.com with a key, else the embedded model."),
+    ] = None
+    embedded_model_url: Annotated[
+        str, Field(description="Base URL of the embedded model server (scripts/model/start.sh).")
+    ] = "http://127.0.0.1:18080/v1"
+    llm_model: Annotated[
+        str | None,
+        Field(description="Default model when an agent configures none (gpt-4o-mini with a key, else smollm2)."),
+    ] = None
+    llm_transport: Annotated[
+        Literal["openai", "openai-compatible"] | None,
+        Field(description="openai keeps the developer role; openai-compatible maps it to system. Unset: by endpoint."),
+    ] = None
+    llm_max_in_flight: Annotated[int, Field(ge=1, description="Concurrent LLM calls per caller worker.")] = 64
+    llm_timeout_s: Annotated[float, Field(gt=0, description="Timeout of one LLM call, seconds.")] = 120.0
+    llm_max_tokens: Annotated[int, Field(ge=1, description="max_tokens sent with every completion.")] = 512
+    llm_context_tokens: Annotated[
+        dict[str, int],
+        Field(description='Context window per model, JSON, e.g. {"smollm2": 8192}; others use the default.'),
+    ] = {"smollm2": 8192}
+    llm_default_context_tokens: Annotated[int, Field(ge=1, description="Context window of unlisted models.")] = 128_000
+    caller_group: Annotated[str, Field(description="Consumer group of the LLM caller workers.")] = "agentstream-caller"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
         environ = dict(os.environ if environ is None else environ)
         values: dict[str, object] = {}
-        for name in cls.model_fields:
+        for name, field in cls.model_fields.items():
             raw = environ.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
-                values[name] = raw
+                values[name] = _json_or_text(raw) if isinstance(field.default, dict) else raw
+        if "openai_api_key" not in values and environ.get("OPENAI_API_KEY"):
+            values["openai_api_key"] = environ["OPENAI_API_KEY"]
         values.update(overrides)
         try:
             return cls.model_validate(values)
@@ -73,6 +105,26 @@ class Settings(BaseModel):
                 for e in error.errors(include_url=False)
             )
             raise SettingsError(f"invalid settings: {problems}") from None
+
+    @property
+    def llm_base_url(self) -> str | None:
+        """None means the SDK default (api.openai.com)."""
+        if self.openai_base_url:
+            return self.openai_base_url
+        return None if self.openai_api_key else self.embedded_model_url
+
+    @property
+    def default_model(self) -> str:
+        return self.llm_model or ("gpt-4o-mini" if self.openai_api_key else "smollm2")
+
+    @property
+    def transport(self) -> Literal["openai", "openai-compatible"]:
+        if self.llm_transport is not None:
+            return self.llm_transport
+        return "openai" if self.openai_api_key and not self.openai_base_url else "openai-compatible"
+
+    def context_tokens(self, model: str) -> int:
+        return self.llm_context_tokens.get(model, self.llm_default_context_tokens)
 
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka (confluent-kafka) connection settings."""
@@ -86,3 +138,10 @@ class Settings(BaseModel):
         if self.ssl_cafile:
             config["ssl.ca.location"] = self.ssl_cafile
         return config
+
+
+def _json_or_text(raw: str) -> object:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw  # validation then says what is wrong with it
