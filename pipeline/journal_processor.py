@@ -19,6 +19,7 @@ partition's rows: read a key, scan a prefix, write a row), a producer and a jour
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections import OrderedDict, deque
@@ -31,8 +32,18 @@ from pydantic import ValidationError
 
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
+from processors.render import Transport, render_messages
+from processors.scheduler import decide
 from processors.state import AgentState
-from schemas.events import AppendCommand, EnvelopeError, InvalidPayloadEvent, decode_event, describe_validation_error
+from schemas.events import (
+    LLM_REQUEST_REQUESTED,
+    TOKEN_USAGE_REPORTED,
+    AppendCommand,
+    EnvelopeError,
+    InvalidPayloadEvent,
+    decode_event,
+    describe_validation_error,
+)
 
 log = logging.getLogger("agentstream.journal")
 
@@ -41,6 +52,10 @@ H_APPEND_ID = "append-id"
 H_SOURCE_OFFSET = "source-offset"
 H_REASON = "reason"
 H_TICK = "agentstream-tick"
+
+# A scheduler command not journaled within this time is sent again (its idempotency key makes a
+# duplicate harmless).
+RESEND_AFTER_MS = 5_000
 
 
 class RowTable(Protocol):
@@ -70,6 +85,10 @@ class Command:
 class StreamEntry:
     state: AgentState
     source_offset: int  # agent-appends offset of the last command journaled for this stream
+    # The last opened request's messages: a compaction resends them byte for byte.
+    last_request: tuple[int, list[dict[str, Any]]] | None = None
+    # Scheduler commands sent but not yet journaled (idempotency key -> sent at, ms).
+    sent: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -80,7 +99,9 @@ class Pending:
     delivery: asyncio.Future[Any] | None  # journal record metadata, if one was produced
     rows: list[rows.Row]
     dlq_delivery: asyncio.Future[Any] | None = None
-    result: tuple[str, bytes] | None = None  # (stream path, body) for agent-append-results
+    # Records published once the journal record is acknowledged (results, LLM requests): nothing
+    # downstream ever sees an event the journal might still lose.
+    after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
     queued_at: float = field(default_factory=time.monotonic)
 
     def done(self) -> bool:
@@ -114,6 +135,8 @@ class PartitionEngine:
         send: Send,
         *,
         max_cached_streams: int,
+        default_model: str = "smollm2",
+        transport: Transport = "openai-compatible",
         max_pending: int = 2000,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
@@ -122,6 +145,9 @@ class PartitionEngine:
         self.topics = topics
         self.send = send
         self.clock_ms = clock_ms
+        self.default_model = default_model
+        self.transport = transport
+        self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending
         self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
@@ -182,10 +208,8 @@ class PartitionEngine:
                 await pending.wait()
             queue.popleft()
             self._store(pending)
-            if pending.result is not None:
-                # Only now is the outcome durable; the client's wait() returns on this record.
-                path, body = pending.result
-                await self.send(self.topics.results, path.encode(), body, [])
+            for topic, key, value in pending.after:
+                await self.send(topic, key, value, [])
             stored += 1
         return stored
 
@@ -238,6 +262,7 @@ class PartitionEngine:
             delivery = await self.send(self.topics.journal, command.key, outcome.record, headers)
             pending = Pending(command, delivery, outcome.rows)
             self._result(pending, append, "journaled", outcome.event.offset)
+            self._after_fold(entry, outcome.event, pending)
             self._stage(pending)
         elif isinstance(outcome, Duplicate):
             self.counters.duplicates += 1
@@ -258,7 +283,7 @@ class PartitionEngine:
             body["offset"] = offset
         if reason is not None:
             body["reason"] = reason
-        pending.result = (append.streamPath, orjson.dumps(body))
+        pending.after.append((self.topics.results, append.streamPath.encode(), orjson.dumps(body)))
 
     async def _reject(self, command: Command, append: AppendCommand | None, reason: str) -> None:
         self.counters.rejected += 1
@@ -274,6 +299,106 @@ class PartitionEngine:
         if append is not None:
             self._result(pending, append, "rejected", None, reason)
         self._stage(pending)
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    def _after_fold(self, entry: StreamEntry, event: Any, pending: Pending) -> None:
+        """What a journaled event sets in motion: a request body, a cancel, a compaction, a wakeup."""
+        state = entry.state
+        path = event.streamPath
+        entry.sent.pop(event.idempotencyKey or "", None)
+        open_request = state.open
+        if event.type == LLM_REQUEST_REQUESTED and open_request is not None and open_request.offset == event.offset:
+            messages = render_messages(state, self.transport, event.createdAt)
+            entry.last_request = (event.offset, messages)
+            record = {
+                "kind": "call",
+                "streamPath": path,
+                "requestOffset": event.offset,
+                "model": open_request.model,
+                "transport": self.transport,
+                "expiresAt": open_request.expiresAt,
+                "attempt": state.consecutive_llm_failures + 1,
+                "maxAttempts": state.config.llmRequestRetryPolicy.maxAttempts,
+                "messages": messages,
+            }
+            pending.after.append((self.topics.llm_requests, path.encode(), orjson.dumps(record)))
+        elif open_request is not None and open_request.interruptedBy == event.offset:
+            record = {
+                "kind": "cancel",
+                "streamPath": path,
+                "requestOffset": open_request.offset,
+                "reason": "interrupted-by-user-input",
+            }
+            pending.after.append((self.topics.llm_requests, path.encode(), orjson.dumps(record)))
+        elif event.type == TOKEN_USAGE_REPORTED:
+            compact = self._compaction(entry, event.offset)
+            if compact is not None:
+                pending.after.append((self.topics.llm_requests, path.encode(), compact))
+        self.wake(path, 0)
+
+    def _compaction(self, entry: StreamEntry, report_offset: int) -> bytes | None:
+        """§4.5: summarize request R when its usage crossed the threshold (newest report only)."""
+        report = entry.state.over_threshold
+        if report is None or report.offset != report_offset or len(entry.state.history) == 0:
+            return None
+        if entry.last_request is None or entry.last_request[0] != report.llmRequestOffset:
+            log.warning(
+                "%s: usage of @%d crossed the compaction threshold but its messages are not in memory "
+                "(worker restarted since); compaction waits for the next report",
+                entry.state.stream_path,
+                report.llmRequestOffset,
+            )
+            return None
+        return orjson.dumps(
+            {
+                "kind": "compact",
+                "streamPath": entry.state.stream_path,
+                "requestOffset": report.llmRequestOffset,
+                "reportOffset": report.offset,
+                "model": report.model,
+                "transport": self.transport,
+                "tokens": report.tokens,
+                "threshold": report.threshold,
+                "messages": entry.last_request[1],
+            }
+        )
+
+    def wake(self, path: str, at_ms: int) -> None:
+        heapq.heappush(self.wakeups, (at_ms, path))
+
+    def due_commands(self, now_ms: int) -> list[tuple[str, dict[str, Any]]]:
+        """Scheduler decisions for every stream whose wakeup is due: commands to append."""
+        commands: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        while self.wakeups and self.wakeups[0][0] <= now_ms:
+            _, path = heapq.heappop(self.wakeups)
+            if path in seen:
+                continue
+            seen.add(path)
+            entry = self.entry(path)
+            decision = decide(entry.state, now_ms, self.default_model)
+            for append in decision.appends:
+                sent_at = entry.sent.get(append.idempotencyKey)
+                if sent_at is not None and now_ms - sent_at < RESEND_AFTER_MS:
+                    continue
+                entry.sent[append.idempotencyKey] = now_ms
+                commands.append((path, append.command(path)))
+            if decision.appends:
+                self.wake(path, now_ms + RESEND_AFTER_MS)  # in case the command is lost
+            elif decision.wake_at_ms is not None:
+                self.wake(path, decision.wake_at_ms)
+        return commands
+
+    def wake_streams_with_work(self) -> int:
+        """After recovery: every stream with a pending trigger, an open request or a due compaction."""
+        woken = 0
+        for _, value in self.table.scan(rows.META + rows.SEP):
+            meta = orjson.loads(value)
+            if meta["pending"] is not None or meta["open"] is not None:
+                self.wake(meta["path"], 0)
+                woken += 1
+        return woken
 
     # --- recovery ------------------------------------------------------------------------------
 

@@ -1,0 +1,108 @@
+"""Turn scheduling decisions (CONTRACT §4.2, §4.3): pure functions of (state, now).
+
+`decide` says which command the scheduler should append now, if any, and when to look again.
+The journal processor turns a decision into an append command (through agent-appends, like every
+other producer), so the journal stays the only record of what happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from processors.state import AgentState
+from schemas.events import (
+    AGENT_PAUSED,
+    AGENT_RESUMED,
+    LLM_REQUEST_REQUESTED,
+    LLM_REQUEST_SETTLED,
+    STREAM_ERROR_OCCURRED,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """A command to append to the stream: `type`, `payload`, `idempotencyKey`."""
+
+    type: str
+    payload: dict[str, Any]
+    idempotencyKey: str
+
+    def command(self, path: str) -> dict[str, Any]:
+        return {"streamPath": path, "type": self.type, "payload": self.payload, "idempotencyKey": self.idempotencyKey}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    appends: tuple[Append, ...] = ()
+    wake_at_ms: int | None = None  # look again at this time (a debounce or an expiry is due)
+
+
+IDLE = Decision()
+
+
+def backoff_ms(state: AgentState) -> int:
+    """§4.3: min(base · 2^(failures-1), max) after a failure, 0 otherwise."""
+    failures = state.consecutive_llm_failures
+    if failures == 0:
+        return 0
+    policy = state.config.llmRequestRetryPolicy
+    return min(policy.backoffBaseMs * 2 ** (failures - 1), policy.backoffMaxMs)
+
+
+def breaker_reason(turns: int) -> str:
+    return f"autonomous turn limit reached ({turns} consecutive turns without external input)"
+
+
+def decide(state: AgentState, now_ms: int, default_model: str) -> Decision:
+    """What the scheduler appends now for this stream (at most one step; the next fold re-decides)."""
+    open_request = state.open
+    if open_request is not None:
+        if now_ms >= open_request.expiresAt:
+            r = open_request.offset
+            return Decision(
+                (
+                    Append(
+                        LLM_REQUEST_SETTLED,
+                        {"requestOffset": r, "result": {"status": "cancelled", "reason": "expired"}},
+                        f"agent/request/{r}/expired",
+                    ),
+                    Append(
+                        STREAM_ERROR_OCCURRED,
+                        {"message": f"LLM request @{r} expired before it was answered; it was cancelled."},
+                        f"agent/request/{r}/expiry-error",
+                    ),
+                )
+            )
+        return Decision(wake_at_ms=open_request.expiresAt)
+    pending = state.pending
+    if pending is None or not state.created or not state.has_system_prompt:
+        return IDLE  # distributed birth: the trigger waits (queued) until the prompt arrives
+    if state.paused:
+        if pending.source == "external":
+            return Decision((Append(AGENT_RESUMED, {"reason": "external input"}, f"agent/resume/{pending.offset}"),))
+        return IDLE
+    if pending.source == "agent-loop" and state.autonomous_turn_count >= state.config.maxAutonomousTurns:
+        return Decision(
+            (
+                Append(
+                    AGENT_PAUSED,
+                    {"reason": breaker_reason(state.autonomous_turn_count), "triggerOffset": pending.offset},
+                    f"agent/pause/{pending.offset}",
+                ),
+            )
+        )
+    due = pending.atMs + state.config.llmRequestDebounceMs + backoff_ms(state)
+    if now_ms < due:
+        return Decision(wake_at_ms=due)
+    model = state.config.llm.model or default_model
+    expires_at = pending.atMs + state.config.llmRequestExpiryMs
+    return Decision(
+        (
+            Append(
+                LLM_REQUEST_REQUESTED,
+                {"model": model, "expiresAt": expires_at},
+                f"agent/request/{pending.offset}",
+            ),
+        )
+    )
