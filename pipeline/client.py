@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from pipeline import base_policy
 from pipeline.partitioner import partition_for
@@ -48,6 +48,22 @@ class AppendResult:
     status: str  # journaled | duplicate | rejected
     offset: int | None
     reason: str | None
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 15.0) -> tuple[int, int]:
+    """(low, high) offsets of a partition, retrying while a new topic's leadership settles."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 1.0))
+        except KafkaException as error:
+            settling = error.args[0].retriable() or error.args[0].code() in _SETTLING
+            if not settling or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE}
 
 
 class Receipt:
@@ -87,8 +103,7 @@ class _Results:
             raise AppendError(f"topic {topic} is not available: {metadata.error}; run `agentstream topics ensure`")
         partitions = [TopicPartition(topic, p) for p in metadata.partitions]
         for tp in partitions:
-            _, high = self._consumer.get_watermark_offsets(tp, timeout=10)
-            tp.offset = high
+            _, tp.offset = watermarks(self._consumer, tp)
         self._consumer.assign(partitions)
         self._results: dict[str, AppendResult] = {}
         self._cond = threading.Condition()
@@ -244,7 +259,7 @@ class Client:
         )
         try:
             tp = TopicPartition(self.topics.journal, partition)
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
+            low, high = watermarks(consumer, tp, timeout)
             events: list[Any] = []
             if high <= low:
                 return events

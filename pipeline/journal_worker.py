@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import faust
+import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
@@ -84,12 +85,15 @@ def build_app(settings: Settings) -> faust.App:
         stream_wait_empty=False,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
+        key_serializer="raw",  # table rows and records are bytes we encode ourselves
+        value_serializer="raw",
     )
     appends = app.topic(names.appends, partitions=settings.partitions, **RAW)
     topics: dict[str, Any] = {
         names.journal: app.topic(names.journal, partitions=settings.partitions, **RAW),
         names.dlq: app.topic(names.dlq, partitions=settings.partitions, **RAW),
         names.results: app.topic(names.results, partitions=settings.partitions, **RAW),
+        names.llm_requests: app.topic(names.llm_requests, partitions=settings.partitions, **RAW),
         names.appends: appends,
     }
     table = app.Table(
@@ -97,8 +101,6 @@ def build_app(settings: Settings) -> faust.App:
         partitions=settings.partitions,
         key_type=bytes,
         value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
         options={
             "write_buffer_size": settings.rocksdb_write_buffer_mb * mb,
             "max_write_buffer_number": 2,
@@ -116,7 +118,13 @@ def build_app(settings: Settings) -> faust.App:
                 return await topics[topic].send(key=key, value=value, partition=partition, headers=headers)
 
             engine = engines[partition] = PartitionEngine(
-                partition, FaustRows(table, partition), names, send, max_cached_streams=settings.max_cached_streams
+                partition,
+                FaustRows(table, partition),
+                names,
+                send,
+                max_cached_streams=settings.max_cached_streams,
+                default_model=settings.default_model,
+                transport=settings.transport,
             )
         return engine
 
@@ -134,6 +142,7 @@ def build_app(settings: Settings) -> faust.App:
             end = (await consumer.end_offsets([tp]))[tp]
             if position + 1 >= end:
                 engine.caught_up = True
+                engine.wake_streams_with_work()
                 return
             consumer.seek(tp, position + 1)
             refolded = 0
@@ -151,6 +160,7 @@ def build_app(settings: Settings) -> faust.App:
                 time.monotonic() - started,
             )
             engine.caught_up = True
+            engine.wake_streams_with_work()
         finally:
             await consumer.stop()
 
@@ -191,6 +201,16 @@ def build_app(settings: Settings) -> faust.App:
             if queue and now - queue[0].queued_at >= settings.flush_interval_ms / 1000 and not engine.tick_sent:
                 engine.tick_sent = True
                 await appends.send(key=b"", value=b"", partition=partition, headers=[(H_TICK, b"1")])
+
+    @app.timer(interval=0.01)
+    async def schedule() -> None:
+        """Append the scheduler's due commands (requests, pauses, resumes, expiries)."""
+        now_ms = int(time.time() * 1000)
+        for partition, engine in list(engines.items()):
+            if not engine.caught_up:
+                continue
+            for path, command in engine.due_commands(now_ms):
+                await appends.send(key=path.encode(), value=orjson.dumps(command), partition=partition)
 
     @app.on_partitions_assigned.connect
     async def assigned(app: Any, assigned: set[Any], **_: Any) -> None:

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from rocksdict import AccessType, Options, Rdict
 from tqdm import tqdm
 
+from pipeline.client import watermarks
 from pipeline.journal_processor import PartitionEngine
 from pipeline.partitioner import partition_for
 from pipeline.settings import Settings
@@ -102,7 +103,7 @@ def replay(settings: Settings, out_dir: Path, only_path: str | None = None, prog
             partitions = [partition_for(only_path, len(partitions))]
         ends: dict[int, tuple[int, int]] = {}
         for p in partitions:
-            ends[p] = consumer.get_watermark_offsets(TopicPartition(names.journal, p), timeout=10)
+            ends[p] = watermarks(consumer, TopicPartition(names.journal, p))
         total = sum(high - low for low, high in ends.values())
         bar = tqdm(total=total, unit="ev", desc="replay", disable=not progress, file=sys.stderr, mininterval=0.5)
         for p in partitions:

@@ -8,6 +8,7 @@ a test can restart or SIGKILL.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.client import Client
+from pipeline.client import Client, watermarks
 from pipeline.settings import Settings
 from topics.admin import ensure_topics
 from topics.names import topic_specs
@@ -61,9 +62,8 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        for name, value in self.settings.model_dump().items():
-            if value is not None:
-                env[f"AGENTSTREAM_{name.upper()}"] = str(value)
+        for name, value in self.settings.model_dump(exclude_unset=True).items():
+            env[f"AGENTSTREAM_{name.upper()}"] = json.dumps(value) if isinstance(value, dict | list) else str(value)
         return env
 
     def start_worker(self) -> None:
@@ -108,7 +108,7 @@ class Stack:
             ends = {}
             assignment = []
             for p in partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                low, high = watermarks(consumer, TopicPartition(topic, p))
                 if high > low:
                     ends[p] = high
                     assignment.append(TopicPartition(topic, p, low))

@@ -1,0 +1,107 @@
+"""Create and verify the topic set with confluent-kafka's AdminClient."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from topics.names import TopicSpec
+
+
+class TopicMismatchError(RuntimeError):
+    """An existing topic does not have the partitions or configs agentstream needs."""
+
+
+def admin_client(bootstrap: str, client_config: dict[str, str] | None = None) -> AdminClient:
+    # log_level 3 (error): librdkafka otherwise logs every failed connection attempt.
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **(client_config or {})})
+
+
+def ensure_topics(
+    bootstrap: str,
+    specs: Sequence[TopicSpec],
+    *,
+    client_config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> list[str]:
+    """Create the missing topics; verify partitions and configs of the existing ones.
+
+    Returns the names created. Raises `TopicMismatchError` naming topic, setting, expected and actual.
+    """
+    admin = admin_client(bootstrap, client_config)
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as error:
+        raise TopicMismatchError(f"cannot reach Kafka at {bootstrap}: {error}") from None
+    missing = [spec for spec in specs if spec.name not in existing]
+    created: list[str] = []
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication_factor, config=dict(s.configs)) for s in missing],
+            operation_timeout=timeout,
+        )
+        for name, future in futures.items():
+            try:
+                future.result()
+                created.append(name)
+            except KafkaException as error:
+                if error.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent ensure won
+                    raise TopicMismatchError(f"cannot create topic {name}: {error}") from None
+    if created:
+        _wait_for_leaders(admin, created, timeout)
+    problems = _verify(admin, [s for s in specs if s.name not in created], timeout)
+    if problems:
+        raise TopicMismatchError(
+            "existing topics do not match what agentstream needs:\n  "
+            + "\n  ".join(problems)
+            + "\nFix them (kafka-configs / kafka-topics --alter) or choose another AGENTSTREAM_TOPIC_PREFIX."
+        )
+    return created
+
+
+def _wait_for_leaders(admin: AdminClient, names: Sequence[str], timeout: float) -> None:
+    """A new topic answers NOT_LEADER until its partitions have leaders; wait for that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(
+            name in topics and topics[name].partitions and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise TopicMismatchError(f"created topics {list(names)} have no partition leaders after {timeout:.0f}s")
+        time.sleep(0.1)
+
+
+def _verify(admin: AdminClient, specs: Sequence[TopicSpec], timeout: float) -> list[str]:
+    if not specs:
+        return []
+    problems: list[str] = []
+    metadata = admin.list_topics(timeout=timeout).topics
+    for spec in specs:
+        actual = len(metadata[spec.name].partitions)
+        if actual != spec.partitions:
+            problems.append(f"{spec.name}: partitions expected {spec.partitions}, actual {actual}")
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in specs]
+    for spec, (_, future) in zip(specs, admin.describe_configs(resources).items(), strict=True):
+        configs = future.result(timeout=timeout)
+        for key, expected in spec.configs.items():
+            entry = configs.get(key)
+            actual_value = None if entry is None else entry.value
+            if actual_value != expected:
+                problems.append(f"{spec.name}: {key} expected {expected}, actual {actual_value}")
+    return problems
+
+
+def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -> None:
+    admin = admin_client(bootstrap)
+    for future in admin.delete_topics(list(names), operation_timeout=timeout).values():
+        try:
+            future.result()
+        except KafkaException as error:
+            if error.args[0].code() != 3:  # UNKNOWN_TOPIC_OR_PART: already gone
+                raise

@@ -1,0 +1,65 @@
+"""The topic set: names, partition counts and configs.
+
+Everything is keyed by stream path, and agent-appends, agent-journal, llm-requests (and the rest)
+share one partition count: a stream lives on the same partition number in every topic, which is
+what lets one writer per partition own a stream's offsets and rows (Faust table state is per
+partition). The journal is the source of truth: never deleted, never compacted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicNames:
+    appends: str
+    journal: str
+    llm_requests: str
+    dlq: str
+    results: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+def topic_names(prefix: str = "") -> TopicNames:
+    return TopicNames(
+        appends=f"{prefix}agent-appends",
+        journal=f"{prefix}agent-journal",
+        llm_requests=f"{prefix}llm-requests",
+        dlq=f"{prefix}agent-dlq",
+        results=f"{prefix}agent-append-results",
+    )
+
+
+def topic_specs(prefix: str = "", partitions: int = 8, replication_factor: int = 1) -> list[TopicSpec]:
+    names = topic_names(prefix)
+    # Commands only need to live until the journal worker has journaled them; a week covers any
+    # outage worth surviving. Results are read within seconds; a day is plenty.
+    transient = {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}
+    return [
+        TopicSpec(names.appends, partitions, replication_factor, transient),
+        # The source of truth: infinite retention, no compaction (every event is kept).
+        TopicSpec(
+            names.journal,
+            partitions,
+            replication_factor,
+            {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"},
+        ),
+        TopicSpec(names.llm_requests, partitions, replication_factor, transient),
+        # Bad input is kept long enough for a person to look at it.
+        TopicSpec(
+            names.dlq, partitions, replication_factor, {"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}
+        ),
+        TopicSpec(
+            names.results, partitions, replication_factor, {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)}
+        ),
+    ]
