@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline import fold_command, replay
+from pipeline import demo, fold_command, replay
 from pipeline.settings import Settings, SettingsError
 
 EXIT_USAGE = 2
@@ -22,8 +22,9 @@ def _worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.kind == "journal":
         from pipeline.journal_worker import run
-
-        run(settings)
+    else:
+        from pipeline.llm_caller import run
+    run(settings)
     return 0
 
 
@@ -52,9 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fold_command.register(commands)
     replay.register(commands)
+    demo.register(commands)
 
     worker = commands.add_parser("worker", help="run a worker in the foreground")
-    worker.add_argument("kind", choices=["journal"], help="journal: the journal processor (Faust)")
+    worker.add_argument(
+        "kind",
+        choices=["journal", "caller"],
+        help="journal: the journal processor (Faust); caller: answers llm-requests through the OpenAI SDK",
+    )
     worker.set_defaults(run=_worker)
 
     topics = commands.add_parser("topics", help="create and verify the topic set")

@@ -1,0 +1,136 @@
+"""`agentstream demo`: the quick start, end to end, on this machine.
+
+Starts what is not running (the local broker, the embedded model unless OPENAI_API_KEY is set, the
+journal worker and the LLM caller), creates an agent, sends it a message, prints the conversation
+as it is journaled (and the exact request the model saw, headers included), then stops what it
+started. Logs of the workers go to .local/logs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.client import Client
+from pipeline.settings import REPO_ROOT, Settings
+from processors.reducer import fold_all
+from processors.render import render_messages
+from processors.state import AgentState
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
+
+SCRIPTS = REPO_ROOT / "scripts"
+BIN = Path(sys.executable).parent
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+class LocalStack:
+    """Starts the pieces that are not running and remembers which, to stop exactly those."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stops: list[Any] = []
+        self.logs = REPO_ROOT / ".local" / "logs"
+
+    def script(self, path: str, name: str) -> None:
+        result = subprocess.run(["bash", str(SCRIPTS / path)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"agentstream demo: could not start {name}:\n{result.stdout}{result.stderr}")
+        if "already running" not in result.stdout:
+            stop = path.replace("start.sh", "stop.sh")
+            self.stops.append(lambda: subprocess.run(["bash", str(SCRIPTS / stop)], capture_output=True))
+        _say(f"  {name}: {result.stdout.strip().splitlines()[-1] if result.stdout.strip() else 'ready'}")
+
+    def worker(self, kind: str) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = (self.logs / f"worker-{kind}.log").open("ab")
+        process = subprocess.Popen([str(BIN / "agentstream"), "worker", kind], stdout=log, stderr=subprocess.STDOUT)
+        _say(f"  {kind} worker: pid {process.pid} (log .local/logs/worker-{kind}.log)")
+
+        def stop() -> None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+        self.stops.append(stop)
+
+    def stop(self) -> None:
+        for stop in reversed(self.stops):
+            stop()
+
+
+def describe(event: Any) -> str:
+    """One readable line per journal event."""
+    if event.type == CONTEXT_ADDED:
+        item = event.payload
+        text = item.content if len(item.content) < 400 else item.content[:400] + "…"
+        return f"@{event.offset} {item.role}: {text}"
+    payload = event.payload.model_dump(exclude_none=True) if hasattr(event.payload, "model_dump") else event.payload
+    return f"@{event.offset} {event.type.rsplit('/', 1)[-1]} {payload}"
+
+
+def converse(client: Client, text: str, timeout: float) -> int:
+    agent = client.agents.create()
+    _say(f"\nagent {agent.path} created; sending: {text!r}\n")
+    agent.append(
+        {
+            "type": CONTEXT_ADDED,
+            "payload": {"role": "user", "content": text, "actor": {"type": "user", "origin": "cli"}},
+        }
+    )
+    seen = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        events = agent.stream.events()
+        for event in events[seen:]:
+            _say(describe(event))
+            if event.type == LLM_REQUEST_REQUESTED:
+                state = fold_all(AgentState(), events[: events.index(event) + 1])
+                _say(
+                    f"\n--- the request @{event.offset} exactly as the model sees it ({client.settings.transport}) ---"
+                )
+                for message in render_messages(state, client.settings.transport, event.createdAt):
+                    _say(f"[{message['role']}]\n{message['content']}\n")
+                _say("--- end of request ---\n")
+            if event.type == LLM_REQUEST_SETTLED:
+                status = event.payload.result.status
+                _say(f"\nturn settled: {status}")
+                return 0 if status == "succeeded" else 1
+        seen = len(events)
+        time.sleep(0.3)
+    _say(f"no answer within {timeout:.0f}s; see .local/logs/")
+    return 1
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("demo", help="start the local stack, talk to a new agent, stop", description=__doc__)
+    parser.add_argument("text", nargs="?", default="Hello! In one sentence: what is an append-only journal good for?")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the answer")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    stack = LocalStack(settings)
+    _say("starting the local stack:")
+    try:
+        stack.script("kafka/start.sh", "kafka")
+        if not settings.openai_api_key:
+            stack.script("model/start.sh", "embedded model")
+        subprocess.run([str(BIN / "agentstream"), "topics", "ensure"], check=True, capture_output=True)
+        stack.worker("journal")
+        stack.worker("caller")
+        with Client(settings) as client:
+            return converse(client, args.text, args.timeout)
+    finally:
+        _say("stopping what the demo started")
+        stack.stop()
