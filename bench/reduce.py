@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from pipeline import heap
 from processors.reducer import fold
 from processors.render import render_messages
 from processors.state import AgentState
@@ -163,15 +164,24 @@ def build(size: int) -> tuple[AgentState, JournalWriter]:
     return state, writer
 
 
-def time_fold(size: int, events: int) -> tuple[float, int, int]:
+def time_fold(size: int, events: int, worker_gc: bool) -> tuple[float, float]:
+    """(events/s, mean projection size) over the timed run."""
     state, writer = build(size)
     lines = writer.mix(events)
     gc.collect()
+    if worker_gc:
+        heap.settle()
+    sizes = 0
     start = time.perf_counter()
-    for line in lines:
+    for number, line in enumerate(lines, start=1):
         fold(state, decode_event(line))
+        if number % heap.SETTLE_EVERY == 0:
+            sizes += projection_size(state)
+            if worker_gc:
+                heap.settle()
     elapsed = time.perf_counter() - start
-    return len(lines) / elapsed, projection_size(state), len(lines)
+    gc.unfreeze()
+    return len(lines) / elapsed, sizes / max(len(lines) // heap.SETTLE_EVERY, 1)
 
 
 def time_render(size: int, repeats: int = 5) -> tuple[float, float]:
@@ -199,13 +209,16 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     print(f"fold: decode JSON bytes + validate + fold, {args.events} events per size, one core")
-    print(f"{'projection items':>18} {'final items':>12} {'events/s':>12} {'us/event':>10} {'vs smallest':>12}")
-    baseline_us = None
-    for size in sizes:
-        rate, final, _ = time_fold(size, args.events)
-        us = 1e6 / rate
-        baseline_us = baseline_us or us
-        print(f"{size:>18} {final:>12} {rate:>12,.0f} {us:>10.2f} {us / baseline_us:>11.2f}x")
+    print("  worker GC = the journal worker's policy (pipeline/heap.py: settle every 1000 events)")
+    print(f"{'target items':>13} {'mean items':>11} {'GC policy':>10} {'events/s':>11} {'us/event':>9} {'ratio':>7}")
+    for worker_gc in (False, True):
+        baseline_us = None
+        for size in sizes:
+            rate, mean_items = time_fold(size, args.events, worker_gc)
+            us = 1e6 / rate
+            baseline_us = baseline_us or us
+            policy = "worker" if worker_gc else "default"
+            print(f"{size:>13} {mean_items:>11,.0f} {policy:>10} {rate:>11,.0f} {us:>9.2f} {us / baseline_us:>6.2f}x")
     print("target: >= 100,000 events/s; per-event cost at the largest size <= 1.2x the smallest")
     print()
     print(f"{'render items':>18} {'cold items/s':>14} {'cached items/s':>16}")

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import orjson
 from pydantic import ValidationError
 
+from pipeline import heap
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import Transport, render_messages
@@ -157,6 +158,7 @@ class PartitionEngine:
         self.caught_up = False
         self.tick_sent = False  # a flush tick is on its way through agent-appends
         self.counters = Counters()
+        self.handled = 0
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -230,6 +232,9 @@ class PartitionEngine:
     # --- commands ------------------------------------------------------------------------------
 
     async def handle(self, command: Command) -> None:
+        self.handled += 1
+        if self.handled % heap.SETTLE_EVERY == 0:
+            heap.settle()
         if len(self.queue) >= self.max_pending:
             await self.drain(wait=True)
         else:
