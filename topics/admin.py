@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from topics.names import TopicSpec
@@ -48,7 +48,7 @@ def ensure_topics(
                 future.result()
                 created.append(name)
             except KafkaException as error:
-                if error.args[0].code() != 36:  # TOPIC_ALREADY_EXISTS: a concurrent ensure won
+                if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # a concurrent ensure won
                     raise TopicMismatchError(f"cannot create topic {name}: {error}") from None
     if created:
         _wait_for_leaders(admin, created, timeout)
@@ -83,12 +83,20 @@ def _verify(admin: AdminClient, specs: Sequence[TopicSpec], timeout: float) -> l
     problems: list[str] = []
     metadata = admin.list_topics(timeout=timeout).topics
     for spec in specs:
+        if spec.name not in metadata:
+            problems.append(f"{spec.name}: missing (it was neither found nor created)")
+            continue
         actual = len(metadata[spec.name].partitions)
         if actual != spec.partitions:
             problems.append(f"{spec.name}: partitions expected {spec.partitions}, actual {actual}")
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in specs]
-    for spec, (_, future) in zip(specs, admin.describe_configs(resources).items(), strict=True):
-        configs = future.result(timeout=timeout)
+    specs = [spec for spec in specs if spec.name in metadata and spec.configs]
+    if not specs:
+        return problems
+    # Look results up by resource: the returned dict is keyed by ConfigResource, not ordered by spec.
+    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in specs])
+    by_name = {resource.name: future for resource, future in futures.items()}
+    for spec in specs:
+        configs = by_name[spec.name].result(timeout=timeout)
         for key, expected in spec.configs.items():
             entry = configs.get(key)
             actual_value = None if entry is None else entry.value
@@ -103,5 +111,5 @@ def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -
         try:
             future.result()
         except KafkaException as error:
-            if error.args[0].code() != 3:  # UNKNOWN_TOPIC_OR_PART: already gone
+            if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:  # already gone
                 raise

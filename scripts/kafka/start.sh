@@ -9,7 +9,37 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 START_TIMEOUT="${AGENTSTREAM_KAFKA_START_TIMEOUT:-60}"
 
+mkdir -p "$KAFKA_HOME"
+# Serialize concurrent starts (parallel test sessions). fd 9 is closed for the broker below.
+exec 9>"$KAFKA_HOME/start.lock"
+flock -w "$((START_TIMEOUT + 120))" 9 || { echo "start.sh: another start.sh holds .local/kafka/start.lock" >&2; exit 1; }
+
+wait_ready() { # pid -> 0 ready, 1 timeout, 2 process died
+  local pid="$1" py
+  py="$(kafka_python)"
+  if [[ -n "$py" ]]; then
+    "$py" "$KAFKA_SCRIPTS_DIR/wait_ready.py" "$KAFKA_HOST:$KAFKA_PORT" "$pid" "$START_TIMEOUT"
+    return
+  fi
+  for _ in $(seq $((START_TIMEOUT * 4))); do
+    kill -0 "$pid" 2>/dev/null || return 2
+    if (exec 3<>"/dev/tcp/$KAFKA_HOST/$KAFKA_PORT") 2>/dev/null; then return 0; fi
+    sleep 0.25
+  done
+  return 1
+}
+
 if pid="$(kafka_running_pid)"; then
+  running_port="$(sed -n 's/^listeners=PLAINTEXT:\/\/[^:]*:\([0-9]*\),.*/\1/p' "$KAFKA_CONF/server.properties" 2>/dev/null)"
+  if [[ -n "$running_port" && "$running_port" != "$KAFKA_PORT" ]]; then
+    echo "start.sh: Kafka already running (pid $pid) on port $running_port, not $KAFKA_PORT; stop it first." >&2
+    exit 1
+  fi
+  rc=0; wait_ready "$pid" || rc=$?
+  if [[ "$rc" != 0 ]]; then
+    echo "start.sh: Kafka (pid $pid) runs but does not answer on $KAFKA_HOST:$KAFKA_PORT; see .local/kafka/logs/server.log" >&2
+    exit 1
+  fi
   echo "Kafka already running (pid $pid) on $KAFKA_HOST:$KAFKA_PORT"
   exit 0
 fi
@@ -126,24 +156,14 @@ echo "Starting Kafka $KAFKA_VERSION on $KAFKA_HOST:$KAFKA_PORT ..."
 : > "$KAFKA_LOGS/server.out"
 setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' "$KAFKA_PID_FILE" \
   java "${JAVA_OPTS[@]}" -cp "$CLASSPATH_ARG" kafka.Kafka "$KAFKA_CONF/server.properties" \
-  >>"$KAFKA_LOGS/server.out" 2>&1 </dev/null &
+  >>"$KAFKA_LOGS/server.out" 2>&1 </dev/null 9>&- &
 
 for _ in $(seq 50); do [[ -s "$KAFKA_PID_FILE" ]] && break; sleep 0.1; done
 pid="$(tr -dc '0-9' < "$KAFKA_PID_FILE" 2>/dev/null || true)"
 [[ -n "$pid" ]] || { echo "start.sh: broker did not record its pid" >&2; exit 1; }
 
-py="$(kafka_python)"
 rc=0
-if [[ -n "$py" ]]; then
-  "$py" "$KAFKA_SCRIPTS_DIR/wait_ready.py" "$KAFKA_HOST:$KAFKA_PORT" "$pid" "$START_TIMEOUT" || rc=$?
-else
-  rc=1
-  for _ in $(seq $((START_TIMEOUT * 4))); do
-    kill -0 "$pid" 2>/dev/null || { rc=2; break; }
-    if (exec 3<>"/dev/tcp/$KAFKA_HOST/$KAFKA_PORT") 2>/dev/null; then rc=0; break; fi
-    sleep 0.25
-  done
-fi
+wait_ready "$pid" || rc=$?
 
 case "$rc" in
   0) echo "Kafka $KAFKA_VERSION ready on $KAFKA_HOST:$KAFKA_PORT (pid $pid)";;

@@ -41,7 +41,7 @@ def main() -> int:
     try:
         from confluent_kafka.admin import AdminClient
     except ImportError:
-        AdminClient = None  # noqa: N806
+        AdminClient = None
 
     admin = None
     while time.monotonic() < deadline:
