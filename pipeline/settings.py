@@ -39,6 +39,16 @@ class Settings(BaseModel):
     app_id: Annotated[str, Field(description="Faust application id (consumer group and changelog topic names).")] = (
         "agentstream-journal"
     )
+    session_timeout_s: Annotated[
+        float,
+        Field(ge=6, description="Consumer session timeout: how soon a dead worker's partitions move (broker min 6 s)."),
+    ] = 10.0
+    worker_instance_id: Annotated[
+        str | None,
+        Field(
+            description="Static group membership id (e.g. the StatefulSet pod name): a restart keeps its partitions."
+        ),
+    ] = None
     worker_port: Annotated[int, Field(ge=0, description="Faust web port of the journal worker (0: none).")] = 6066
     rocksdb_write_buffer_mb: Annotated[int, Field(ge=1, description="RocksDB write buffer per partition.")] = 8
     rocksdb_block_cache_mb: Annotated[int, Field(ge=1, description="RocksDB block cache per partition.")] = 16

@@ -50,6 +50,7 @@ class Stack:
             partitions=partitions,
             data_dir=data_dir,
             app_id=f"agentstream-test-{tag}",
+            worker_instance_id=f"agentstream-test-{tag}-0",  # static membership: a restart rejoins at once
             worker_port=0,
             flush_interval_ms=20,
             log_level="WARNING",
