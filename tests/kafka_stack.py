@@ -41,7 +41,7 @@ def ensure_broker() -> None:
 
 
 class Stack:
-    def __init__(self, data_dir: Path, partitions: int = 4) -> None:
+    def __init__(self, data_dir: Path, partitions: int = 4, **overrides: Any) -> None:
         tag = uuid.uuid4().hex[:8]
         self.settings = Settings.from_env(
             {},
@@ -54,11 +54,14 @@ class Stack:
             worker_port=0,
             flush_interval_ms=20,
             log_level="WARNING",
+            **overrides,
         )
         self.specs = topic_specs(self.settings.topic_prefix, partitions, 1)
         ensure_topics(BOOTSTRAP, self.specs)
         self.worker: subprocess.Popen[bytes] | None = None
+        self.caller: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir / "worker.log"
+        self.caller_log_path = data_dir / "caller.log"
         self._client: Client | None = None
 
     def env(self) -> dict[str, str]:
@@ -75,15 +78,20 @@ class Stack:
             [str(BIN / "agentstream"), "worker", "journal"], env=self.env(), stdout=log, stderr=subprocess.STDOUT
         )
 
+    def start_caller(self) -> None:
+        """The LLM caller (`agentstream worker caller`) with this stack's settings."""
+        assert self.caller is None or self.caller.poll() is not None
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        log = self.caller_log_path.open("ab")
+        self.caller = subprocess.Popen(
+            [str(BIN / "agentstream"), "worker", "caller"], env=self.env(), stdout=log, stderr=subprocess.STDOUT
+        )
+
     def stop_worker(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
-        if self.worker is None or self.worker.poll() is not None:
-            return
-        self.worker.send_signal(sig)
-        try:
-            self.worker.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.worker.kill()
-            self.worker.wait(10)
+        _stop(self.worker, sig, timeout)
+
+    def stop_caller(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        _stop(self.caller, sig, timeout)
 
     def worker_log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -133,6 +141,7 @@ class Stack:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+        self.stop_caller()
         self.stop_worker()
         admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
         names = [spec.name for spec in self.specs]
@@ -141,6 +150,17 @@ class Stack:
         for future in futures.values():
             with contextlib.suppress(Exception):  # best effort: the changelog may not exist
                 future.result()
+
+
+def _stop(process: subprocess.Popen[bytes] | None, sig: int, timeout: float) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
