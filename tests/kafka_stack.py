@@ -51,6 +51,7 @@ class Stack:
             data_dir=data_dir,
             app_id=f"agentstream-test-{tag}",
             worker_instance_id=f"agentstream-test-{tag}-0",  # static membership: a restart rejoins at once
+            caller_group=f"agentstream-caller-{tag}",
             worker_port=0,
             flush_interval_ms=20,
             log_level="WARNING",
