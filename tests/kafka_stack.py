@@ -28,7 +28,9 @@ from topics.names import topic_specs
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS") or (
+    f"127.0.0.1:{os.environ.get('AGENTSTREAM_KAFKA_PORT', '19092')}"  # the local broker (scripts/kafka)
+)
 
 
 def ensure_broker() -> None:
