@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,9 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 15.0) ->
 _SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE}
 
 
+MAX_UNCLAIMED_RESULTS = 100_000
+
+
 class Receipt:
     """The handle of one sent append: wait for its outcome."""
 
@@ -105,6 +109,9 @@ class _Results:
         for tp in partitions:
             _, tp.offset = watermarks(self._consumer, tp)
         self._consumer.assign(partitions)
+        # Outcomes of this client's own appends, until waited for; others' are ignored. Bounded, so
+        # a client that never waits cannot grow without limit (the oldest outcomes go first).
+        self._expected: OrderedDict[str, None] = OrderedDict()
         self._results: dict[str, AppendResult] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -121,10 +128,18 @@ class _Results:
                     if message.error() is not None:
                         continue
                     body = orjson.loads(message.value())
-                    self._results[body["appendId"]] = AppendResult(
-                        body["appendId"], body["status"], body.get("offset"), body.get("reason")
-                    )
+                    if body["appendId"] in self._expected:
+                        self._results[body["appendId"]] = AppendResult(
+                            body["appendId"], body["status"], body.get("offset"), body.get("reason")
+                        )
                 self._cond.notify_all()
+
+    def expect(self, append_id: str) -> None:
+        with self._cond:
+            self._expected[append_id] = None
+            while len(self._expected) > MAX_UNCLAIMED_RESULTS:
+                oldest, _ = self._expected.popitem(last=False)
+                self._results.pop(oldest, None)
 
     def wait(self, append_id: str, timeout: float) -> AppendResult:
         deadline = time.monotonic() + timeout
@@ -136,6 +151,7 @@ class _Results:
                         f"append {append_id} has no outcome after {timeout:.0f}s: is the journal worker running?"
                     )
                 self._cond.wait(remaining)
+            self._expected.pop(append_id, None)
             return self._results.pop(append_id)
 
     def close(self) -> None:
@@ -228,6 +244,7 @@ class Client:
     def _send(self, path: str, raw: dict[str, Any]) -> Receipt:
         append_id = uuid.uuid4().hex
         command = AppendCommand.model_validate({**raw, "streamPath": path, "appendId": append_id})
+        self._results.expect(append_id)
         self._producer.produce(
             self.topics.appends,
             key=path.encode(),
@@ -244,8 +261,11 @@ class Client:
             self._delivery_error = error
 
     def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every append is delivered to Kafka; raises AppendError if any was not."""
         if self._producer.flush(timeout) > 0:
             raise AppendError(f"appends not delivered to Kafka within {timeout:.0f}s")
+        if self._delivery_error is not None:
+            raise AppendError(f"could not write to {self.topics.appends}: {self._delivery_error}")
 
     def _read_journal(self, path: str, timeout: float) -> list[Any]:
         partition = partition_for(path, self.settings.partitions)
