@@ -24,6 +24,8 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test-support package (tests/)
+
 from pipeline.client import watermarks
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
@@ -88,7 +90,6 @@ def main() -> None:
         openai_api_key="bench",
         llm_transport="openai-compatible",
         llm_model="instant",
-        log_level="WARNING",
     )
     try:
         stack.start_worker()

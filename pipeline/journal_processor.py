@@ -201,6 +201,7 @@ class PartitionEngine:
     async def drain(self, wait: bool) -> int:
         """Store the rows of every queued command whose deliveries are acknowledged, in order."""
         stored = 0
+        position = None
         queue = self.queue
         while queue:
             pending = queue[0]
@@ -210,9 +211,14 @@ class PartitionEngine:
                 await pending.wait()
             queue.popleft()
             self._store(pending)
+            if pending.delivery is not None:
+                position = pending.delivery.result().offset
             for topic, key, value in pending.after:
                 await self.send(topic, key, value, [])
             stored += 1
+        if position is not None:
+            # Once per batch, after every row it covers: recovery re-folds the journal past it.
+            self.table.put(rows.position_key(self.partition), str(position).encode())
         return stored
 
     def _store(self, pending: Pending) -> None:
@@ -224,9 +230,6 @@ class PartitionEngine:
             if self.overlay_owner.get(key) is pending:
                 del self.overlay_owner[key]
                 del self.overlay[key]
-        if pending.delivery is not None:
-            metadata = pending.delivery.result()
-            put(rows.position_key(self.partition), str(metadata.offset).encode())
         pending.command.ack()
 
     # --- commands ------------------------------------------------------------------------------
