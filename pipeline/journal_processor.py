@@ -65,6 +65,8 @@ class RowTable(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
     def put(self, key: bytes, value: bytes | None) -> None: ...
+    async def commit(self) -> None:
+        """Make the puts so far durable (e.g. send them to a changelog)."""
 
 
 Send = Callable[..., Awaitable[Awaitable[Any]]]  # (topic, key, value, headers) -> future of metadata
@@ -219,6 +221,8 @@ class PartitionEngine:
         if position is not None:
             # Once per batch, after every row it covers: recovery re-folds the journal past it.
             self.table.put(rows.position_key(self.partition), str(position).encode())
+        if stored:
+            await self.table.commit()
         return stored
 
     def _store(self, pending: Pending) -> None:

@@ -13,7 +13,6 @@ RocksDB table; `pipeline.journal_processor.PartitionEngine` makes every decision
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -24,6 +23,7 @@ import faust
 import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
+from faust.types import TP
 
 from pipeline.journal_processor import H_TICK, Command, PartitionEngine
 from pipeline.settings import Settings
@@ -36,12 +36,20 @@ ROWS_TABLE = "rows"
 
 
 class FaustRows:
-    """`RowTable` over one partition of the Faust table: reads straight from its RocksDB, writes
-    through the table so that every write also reaches the changelog."""
+    """`RowTable` over one partition of the Faust table.
 
-    def __init__(self, table: Any, partition: int) -> None:
+    Reads go straight to the partition's RocksDB. Writes go to RocksDB at once and to the table's
+    changelog in one burst per `commit()`, through the producer directly: Faust's own table-write
+    path queues every changelog record in a 100-message buffer drained one await at a time, which
+    stalled the agent ("producer buffer full") at a few hundred events/s. The changelog offset Faust
+    uses for recovery is recorded once per burst, from its last record.
+    """
+
+    def __init__(self, app: Any, table: Any, partition: int) -> None:
+        self.app = app
         self.table = table
         self.partition = partition
+        self.changelog: list[tuple[bytes, bytes | None]] = []
 
     def _db(self) -> Any:
         # Faust has no public per-partition read or prefix scan; this is the one place we reach in.
@@ -58,11 +66,29 @@ class FaustRows:
             yield bytes(key), bytes(value)
 
     def put(self, key: bytes, value: bytes | None) -> None:
+        db = self._db()
         if value is None:
-            with contextlib.suppress(KeyError):  # re-folds may delete a row twice
-                del self.table[key]
+            db.delete(key)
         else:
-            self.table[key] = value
+            db.put(key, value)
+        self.changelog.append((key, value))
+
+    async def commit(self) -> None:
+        if not self.changelog:
+            return
+        records, self.changelog = self.changelog, []
+        topic = self.table.changelog_topic.get_topic_name()
+        send = self.app.producer.send
+        last = None
+        for key, value in records:
+            last = await send(topic, key, value, self.partition, None, None)
+        assert last is not None
+        store = self.table.data
+        last.add_done_callback(
+            lambda fut: (
+                None if fut.exception() else store.set_persisted_offset(TP(topic, self.partition), fut.result().offset)
+            )
+        )
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -92,13 +118,6 @@ def build_app(settings: Settings) -> faust.App:
         value_serializer="raw",
     )
     appends = app.topic(names.appends, partitions=settings.partitions, **RAW)
-    topics: dict[str, Any] = {
-        names.journal: app.topic(names.journal, partitions=settings.partitions, **RAW),
-        names.dlq: app.topic(names.dlq, partitions=settings.partitions, **RAW),
-        names.results: app.topic(names.results, partitions=settings.partitions, **RAW),
-        names.llm_requests: app.topic(names.llm_requests, partitions=settings.partitions, **RAW),
-        names.appends: appends,
-    }
     table = app.Table(
         ROWS_TABLE,
         partitions=settings.partitions,
@@ -118,11 +137,11 @@ def build_app(settings: Settings) -> faust.App:
         if engine is None:
 
             async def send(topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-                return await topics[topic].send(key=key, value=value, partition=partition, headers=headers)
+                return await app.producer.send(topic, key, value, partition, None, headers)
 
             engine = engines[partition] = PartitionEngine(
                 partition,
-                FaustRows(table, partition),
+                FaustRows(app, table, partition),
                 names,
                 send,
                 max_cached_streams=settings.max_cached_streams,
@@ -153,6 +172,7 @@ def build_app(settings: Settings) -> faust.App:
                 batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
                 records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
                 refolded += engine.catch_up(records)
+                await engine.table.commit()
                 if records and records[-1][0] + 1 >= end:
                     break
             log.info(

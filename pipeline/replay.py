@@ -55,6 +55,9 @@ class RdictRows:
         else:
             self.db[key] = value
 
+    async def commit(self) -> None:
+        """Writes are already in the database."""
+
 
 def open_rows(path: Path, read_only: bool = False) -> Rdict:
     options = Options(raw_mode=True)
