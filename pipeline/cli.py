@@ -1,7 +1,7 @@
 """The `agentstream` command line: one entry point, `--help` on every command.
 
 Exit codes: 0 success, 1 a check found differences, 2 bad input or configuration, 3 Kafka
-unreachable or misconfigured, 130 interrupted.
+unreachable or misconfigured, 4 no such stream or request, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline import demo, fold_command, replay
+from confluent_kafka import KafkaException
+
+from pipeline import agent_command, demo, fold_command, local_stack, replay
 from pipeline.settings import Settings, SettingsError
 
 EXIT_USAGE = 2
@@ -54,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     fold_command.register(commands)
     replay.register(commands)
     demo.register(commands)
+    local_stack.register(commands)
+    agent_command.register(commands)
 
     worker = commands.add_parser("worker", help="run a worker in the foreground")
     worker.add_argument(
@@ -79,6 +83,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as error:
         print(f"agentstream: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except LookupError as error:
+        print(f"agentstream: {error}", file=sys.stderr)
+        return agent_command.EXIT_NOT_FOUND
+    except agent_command.ERRORS as error:
+        print(f"agentstream: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except local_stack.StackError as error:
+        print(f"agentstream: {error}", file=sys.stderr)
+        return EXIT_KAFKA
+    except KafkaException as error:
+        print(f"agentstream: Kafka error: {error.args[0].str() if error.args else error}", file=sys.stderr)
+        return EXIT_KAFKA
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

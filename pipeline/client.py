@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,6 +268,14 @@ class Client:
             raise AppendError(f"could not write to {self.topics.appends}: {self._delivery_error}")
 
     def _read_journal(self, path: str, timeout: float) -> list[Any]:
+        return list(self.iter_journal(path, follow=False, timeout=timeout))
+
+    def iter_journal(self, path: str, *, follow: bool, timeout: float = 10.0) -> Iterator[Any]:
+        """A stream's journaled events in offset order, read from its journal partition.
+
+        Without `follow` it stops at the partition's end as of the call; with it, it waits for more.
+        The partition holds other streams too: this is a scan, fine for inspection and tests.
+        """
         partition = partition_for(path, self.settings.partitions)
         consumer = Consumer(
             {
@@ -280,21 +288,19 @@ class Client:
         try:
             tp = TopicPartition(self.topics.journal, partition)
             low, high = watermarks(consumer, tp, timeout)
-            events: list[Any] = []
-            if high <= low:
-                return events
+            if high <= low and not follow:
+                return
             consumer.assign([TopicPartition(self.topics.journal, partition, low)])
             key = path.encode()
             deadline = time.monotonic() + timeout
             position = low
-            while position < high and time.monotonic() < deadline:
+            while follow or (position < high and time.monotonic() < deadline):
                 for message in consumer.consume(1000, timeout=0.5):
                     if message.error() is not None:
                         continue
                     position = message.offset() + 1
                     if message.key() == key:
-                        events.append(decode_event(message.value()))
-            return events
+                        yield decode_event(message.value())
         finally:
             consumer.close()
 

@@ -9,63 +9,20 @@ started. Logs of the workers go to .local/logs/.
 from __future__ import annotations
 
 import argparse
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from pipeline import local_stack
 from pipeline.client import Client
-from pipeline.settings import REPO_ROOT, Settings
+from pipeline.settings import Settings
 from processors.reducer import fold_all
 from processors.render import render_messages
 from processors.state import AgentState
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
 
-SCRIPTS = REPO_ROOT / "scripts"
-BIN = Path(sys.executable).parent
-
 
 def _say(text: str = "") -> None:
     print(text, flush=True)
-
-
-class LocalStack:
-    """Starts the pieces that are not running and remembers which, to stop exactly those."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.stops: list[Any] = []
-        self.logs = REPO_ROOT / ".local" / "logs"
-
-    def script(self, path: str, name: str) -> None:
-        result = subprocess.run(["bash", str(SCRIPTS / path)], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise SystemExit(f"agentstream demo: could not start {name}:\n{result.stdout}{result.stderr}")
-        if "already running" not in result.stdout:
-            stop = path.replace("start.sh", "stop.sh")
-            self.stops.append(lambda: subprocess.run(["bash", str(SCRIPTS / stop)], capture_output=True))
-        _say(f"  {name}: {result.stdout.strip().splitlines()[-1] if result.stdout.strip() else 'ready'}")
-
-    def worker(self, kind: str) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log = (self.logs / f"worker-{kind}.log").open("ab")
-        process = subprocess.Popen([str(BIN / "agentstream"), "worker", kind], stdout=log, stderr=subprocess.STDOUT)
-        _say(f"  {kind} worker: pid {process.pid} (log .local/logs/worker-{kind}.log)")
-
-        def stop() -> None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-        self.stops.append(stop)
-
-    def stop(self) -> None:
-        for stop in reversed(self.stops):
-            stop()
 
 
 def describe(event: Any) -> str:
@@ -120,17 +77,16 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
-    stack = LocalStack(settings)
     _say("starting the local stack:")
+    started: list[str] = []
     try:
-        stack.script("kafka/start.sh", "kafka")
-        if not settings.openai_api_key:
-            stack.script("model/start.sh", "embedded model")
-        subprocess.run([str(BIN / "agentstream"), "topics", "ensure"], check=True, capture_output=True)
-        stack.worker("journal")
-        stack.worker("caller")
+        started = local_stack.up(settings, say=_say)
         with Client(settings) as client:
             return converse(client, args.text, args.timeout)
+    except local_stack.StackError as error:
+        _say(f"agentstream demo: {error}")
+        return 2
     finally:
-        _say("stopping what the demo started")
-        stack.stop()
+        if started:
+            _say("stopping what the demo started:")
+            local_stack.down(started, say=_say)

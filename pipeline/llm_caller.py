@@ -476,9 +476,17 @@ class LlmCaller:
             if time.time() * 1000 >= record.expiresAt:
                 return Result("expired")
             started = time.monotonic()
+            # Past expiresAt the journal settles the request as expired (CONTRACT §4.3); a call still
+            # running then could only append a stale outcome (a failure would journal an error item
+            # saying it retries), so it stops there and appends nothing.
+            loop = asyncio.get_running_loop()
+            expiry = asyncio.timeout_at(loop.time() + (record.expiresAt - time.time() * 1000) / 1000)
             try:
-                usage = await self._stream(record, job)
+                async with expiry:
+                    usage = await self._stream(record, job)
             except Exception as error:  # every provider failure is an outcome, never a crash
+                if expiry.expired():
+                    return Result("expired", duration_ms=_ms(started))
                 return Result(
                     "failed", error=describe_error(error, self.settings.llm_timeout_s), duration_ms=_ms(started)
                 )
@@ -598,7 +606,13 @@ class LlmCaller:
             log.error("%s %s @%d crashed", kind, path, order, exc_info=error)
         if isinstance(record, CallRequest):
             if result.status == "expired":
-                log.info("call %s @%d model=%s: expired before it started; not called", path, order, record.model)
+                log.info(
+                    "call %s @%d model=%s: expired (%s); nothing appended, the journal settles it",
+                    path,
+                    order,
+                    record.model,
+                    f"stopped after {result.duration_ms}ms" if result.duration_ms else "not called",
+                )
             elif result.status == "succeeded":
                 self._append(
                     path,

@@ -1,0 +1,159 @@
+"""`agentstream agent ...`: create an agent, talk to it, watch its journal, see what the model saw."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+from pipeline.client import AppendError, Client
+from pipeline.settings import Settings
+from processors.reducer import fold, fold_all
+from processors.render import TRANSPORTS, projection_json, render_messages
+from processors.state import AgentState
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, InvalidPayloadEvent
+
+EXIT_NOT_FOUND = 4
+
+_COLOURS = {"user": "32", "assistant": "36", "system": "35", "developer": "33", "error": "31", "turn": "90"}
+
+
+def _paint(text: str, kind: str, colour: bool) -> str:
+    return f"\x1b[{_COLOURS[kind]}m{text}\x1b[0m" if colour else text
+
+
+def event_line(event: Any, colour: bool = False) -> str:
+    """One readable line per journal event."""
+    short = event.type.rsplit("/", 1)[-1]
+    head = f"@{event.offset} {event.createdAt}"
+    if isinstance(event, InvalidPayloadEvent):
+        return _paint(f"{head} {short} (invalid payload, skipped: {event.reason})", "error", colour)
+    if event.type == CONTEXT_ADDED:
+        item = event.payload
+        actor = f" [{item.actor.type}]" if item.actor is not None else ""
+        key = f" key={item.key}" if item.key else ""
+        content = item.content.replace("\n", "\\n")
+        return _paint(f"{head} {item.role}{actor}{key}: {content}", item.role, colour)
+    payload = event.payload.model_dump(exclude_none=True) if hasattr(event.payload, "model_dump") else event.payload
+    kind = "error" if short == "error-occurred" else "turn"
+    return _paint(f"{head} {short} {orjson.dumps(payload).decode()}", kind, colour)
+
+
+def _client() -> Client:
+    return Client(Settings.from_env())
+
+
+def _events_or_fail(client: Client, path: str) -> list[Any]:
+    events = client.streams.get(path).events()
+    if not events:
+        raise LookupError(f"no events in {path}: check the path (agentstream agent create prints it)")
+    return events
+
+
+def _create(args: argparse.Namespace) -> int:
+    with _client() as client:
+        agent = client.agents.create()
+        client.flush()
+        print(agent.path)
+    return 0
+
+
+def _say(args: argparse.Namespace) -> int:
+    payload: dict[str, Any] = {"role": "user", "content": args.text, "actor": {"type": "user", "origin": "cli"}}
+    if args.interrupt and args.no_trigger:
+        raise ValueError("--interrupt and --no-trigger exclude each other")
+    if args.interrupt:
+        payload["llmRequestPolicy"] = {"behaviour": "interrupt-current-request"}
+    elif args.no_trigger:
+        payload["llmRequestPolicy"] = {"behaviour": "dont-trigger-request"}
+    with _client() as client:
+        offset = client.agents.get(args.path).append({"type": CONTEXT_ADDED, "payload": payload}).wait(args.timeout)
+        print(f"@{offset}")
+    return 0
+
+
+def _tail(args: argparse.Namespace) -> int:
+    colour = sys.stdout.isatty() and not args.json
+    with _client() as client:
+        for event in client.iter_journal(args.path, follow=not args.no_follow):
+            if args.json:
+                envelope = event.envelope if isinstance(event, InvalidPayloadEvent) else event
+                print(envelope.model_dump_json(exclude_none=True), flush=True)
+            else:
+                print(event_line(event, colour), flush=True)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    with _client() as client:
+        state = fold_all(AgentState(), _events_or_fail(client, args.path))
+        if args.json:
+            print(orjson.dumps(projection_json(state), option=orjson.OPT_INDENT_2).decode())
+            return 0
+        print(f"# {args.path}: status {state.status}, published through @{state.published_through}")
+        for message in render_messages(state, args.transport or client.settings.transport)[1:]:
+            print(f"[{message['role']}]\n{message['content']}\n")
+    return 0
+
+
+def _request(args: argparse.Namespace) -> int:
+    with _client() as client:
+        events = _events_or_fail(client, args.path)
+        requests = [e for e in events if e.type == LLM_REQUEST_REQUESTED and not isinstance(e, InvalidPayloadEvent)]
+        if args.offset is not None:
+            requests = [e for e in requests if e.offset == args.offset]
+        if not requests:
+            which = f"@{args.offset}" if args.offset is not None else "any"
+            raise LookupError(f"{args.path} has no llm-request-requested event at {which}")
+        request = requests[-1]
+        state = AgentState()
+        for event in events:
+            if event.offset > request.offset:
+                break
+            fold(state, event)
+        transport = args.transport or client.settings.transport
+        body = {
+            "model": request.payload.model,
+            "messages": render_messages(state, transport, request.createdAt),
+        }
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def register(commands: Any) -> None:
+    agent = commands.add_parser("agent", help="create agents, talk to them, inspect what they saw")
+    actions = agent.add_subparsers(dest="agent_command", required=True, metavar="ACTION")
+
+    create = actions.add_parser("create", help="create an agent (agent/created + base policy); prints its path")
+    create.set_defaults(run=_create)
+
+    say = actions.add_parser("say", help="append a user message; prints its offset")
+    say.add_argument("path")
+    say.add_argument("text")
+    say.add_argument("--interrupt", action="store_true", help="interrupt the request in flight")
+    say.add_argument("--no-trigger", action="store_true", help="record only; do not start a turn")
+    say.add_argument("--timeout", type=float, default=30.0, help="seconds to wait until journaled")
+    say.set_defaults(run=_say)
+
+    tail = actions.add_parser("tail", help="follow a stream's journal live, one line per event")
+    tail.add_argument("path")
+    tail.add_argument("--json", action="store_true", help="one JSON event per line")
+    tail.add_argument("--no-follow", action="store_true", help="stop at the current end")
+    tail.set_defaults(run=_tail)
+
+    show = actions.add_parser("show", help="the projection with headers, as the model would see it")
+    show.add_argument("path")
+    show.add_argument("--json", action="store_true", help="the projection as JSON")
+    show.add_argument("--transport", choices=TRANSPORTS)
+    show.set_defaults(run=_show)
+
+    request = actions.add_parser("request", help="the exact rendered body of request R (default: the latest)")
+    request.add_argument("path")
+    request.add_argument("--offset", type=int, metavar="R")
+    request.add_argument("--transport", choices=TRANSPORTS)
+    request.set_defaults(run=_request)
+
+
+ERRORS: tuple[type[Exception], ...] = (AppendError, LookupError, ValueError)
