@@ -30,14 +30,16 @@ from typing import Any, Protocol
 import orjson
 from pydantic import ValidationError
 
-from pipeline import heap
+from pipeline import heap, metrics
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import Transport, render_messages
 from processors.scheduler import decide
 from processors.state import AgentState
 from schemas.events import (
+    CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
+    LLM_REQUEST_SETTLED,
     TOKEN_USAGE_REPORTED,
     AppendCommand,
     EnvelopeError,
@@ -119,14 +121,6 @@ class Pending:
             await self.dlq_delivery
 
 
-@dataclass
-class Counters:
-    journaled: int = 0
-    duplicates: int = 0
-    rejected: int = 0
-    refolded: int = 0
-
-
 class PartitionEngine:
     """Everything one partition's writer holds: cached states, unstored rows, the queue."""
 
@@ -159,8 +153,8 @@ class PartitionEngine:
         self.queue: deque[Pending] = deque()
         self.caught_up = False
         self.tick_sent = False  # a flush tick is on its way through agent-appends
-        self.counters = Counters()
         self.handled = 0
+        self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -240,6 +234,7 @@ class PartitionEngine:
 
     async def handle(self, command: Command) -> None:
         self.handled += 1
+        self.last_offset = command.offset
         if self.handled % heap.SETTLE_EVERY == 0:
             heap.settle()
         if len(self.queue) >= self.max_pending:
@@ -259,15 +254,17 @@ class PartitionEngine:
         entry = self.entry(append.streamPath)
         if command.offset <= entry.source_offset:
             # Re-delivered after a crash: this exact record is already journaled.
-            self.counters.duplicates += 1
+            metrics.DUPLICATES.inc()
             self._stage(Pending(command, None, []))
             return
-        outcome = journal_command(
-            entry.state, append, now_ms=self.clock_ms(), source_offset=command.offset, read=self.read
-        )
+        state = entry.state
+        was_open, was_paused = state.open, state.paused
+        started = time.perf_counter()
+        outcome = journal_command(state, append, now_ms=self.clock_ms(), source_offset=command.offset, read=self.read)
+        metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         if isinstance(outcome, Journaled):
             entry.source_offset = command.offset
-            self.counters.journaled += 1
+            _observe(outcome.event, state, was_open, was_paused)
             headers = [(H_SOURCE_OFFSET, str(command.offset).encode())]
             if append.appendId is not None:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
@@ -277,7 +274,7 @@ class PartitionEngine:
             self._after_fold(entry, outcome.event, pending)
             self._stage(pending)
         elif isinstance(outcome, Duplicate):
-            self.counters.duplicates += 1
+            metrics.DUPLICATES.inc()
             pending = Pending(command, None, [])
             self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
             self._stage(pending)
@@ -298,7 +295,7 @@ class PartitionEngine:
         pending.after.append((self.topics.results, append.streamPath.encode(), orjson.dumps(body)))
 
     async def _reject(self, command: Command, append: AppendCommand | None, reason: str) -> None:
-        self.counters.rejected += 1
+        metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
         log.warning("partition %d offset %d rejected: %s", command.partition, command.offset, reason)
         headers = [
             (H_REASON, reason.encode()),
@@ -321,7 +318,8 @@ class PartitionEngine:
         entry.sent.pop(event.idempotencyKey or "", None)
         open_request = state.open
         if event.type == LLM_REQUEST_REQUESTED and open_request is not None and open_request.offset == event.offset:
-            messages = render_messages(state, self.transport, event.createdAt)
+            with metrics.RENDER_SECONDS.time():
+                messages = render_messages(state, self.transport, event.createdAt)
             entry.last_request = (event.offset, messages)
             record = {
                 "kind": "call",
@@ -403,10 +401,12 @@ class PartitionEngine:
         return commands
 
     def wake_streams_with_work(self) -> int:
-        """After recovery: every stream with a pending trigger, an open request or a due compaction."""
+        """After recovery: wake every stream with a pending trigger or an open request; count gauges."""
         woken = 0
         for _, value in self.table.scan(rows.META + rows.SEP):
             meta = orjson.loads(value)
+            metrics.OPEN_REQUESTS.inc(meta["open"] is not None)
+            metrics.PAUSED_AGENTS.inc(meta["paused"])
             if meta["pending"] is not None or meta["open"] is not None:
                 self.wake(meta["path"], 0)
                 woken += 1
@@ -455,5 +455,26 @@ class PartitionEngine:
             refolded += 1
         if position is not None:
             self.table.put(rows.position_key(self.partition), str(position).encode())
-        self.counters.refolded += refolded
         return refolded
+
+
+def _observe(event: Any, state: AgentState, was_open: Any, was_paused: bool) -> None:
+    """Metrics of one journaled event (the state is already folded)."""
+    metrics.EVENTS_JOURNALED.labels(metrics.event_type_label(event.type)).inc()
+    if state.open is not None and state.open is not was_open:
+        metrics.REQUESTS_OPENED.inc()
+    if was_open is not None and state.open is None and event.type == LLM_REQUEST_SETTLED:
+        metrics.REQUESTS_SETTLED.labels(event.payload.result.status).inc()
+    metrics.OPEN_REQUESTS.inc((state.open is not None) - (was_open is not None))
+    metrics.PAUSED_AGENTS.inc(state.paused - was_paused)
+    if event.type == TOKEN_USAGE_REPORTED:
+        report = event.payload
+        metrics.TOKENS.labels("input").inc(report.inputTokens)
+        metrics.TOKENS.labels("output").inc(report.outputTokens)
+        metrics.TOKENS.labels("cached").inc(report.cachedInputTokens or 0)
+    elif (
+        event.type == CONTEXT_ADDED
+        and event.payload.compaction is not None
+        and state.compacted_through >= (event.payload.compaction.replacesHistoryThrough)
+    ):
+        metrics.COMPACTIONS.inc()

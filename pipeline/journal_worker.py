@@ -25,6 +25,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from faust.types import TP
 
+from pipeline import metrics
 from pipeline.journal_processor import H_TICK, Command, PartitionEngine
 from pipeline.settings import Settings
 from topics.names import topic_names
@@ -235,6 +236,14 @@ def build_app(settings: Settings) -> faust.App:
             for path, command in engine.due_commands(now_ms):
                 await appends.send(key=path.encode(), value=orjson.dumps(command), partition=partition)
 
+    @app.timer(interval=5.0)
+    async def report_lag() -> None:
+        for partition, engine in list(engines.items()):
+            highwater = app.consumer.highwater(TP(names.appends, partition))
+            if highwater is not None and engine.last_offset >= 0:
+                lag = max(highwater - engine.last_offset - 1, 0)
+                metrics.CONSUMER_LAG.labels(names.appends, str(partition)).set(lag)
+
     @app.on_partitions_assigned.connect
     async def assigned(app: Any, assigned: set[Any], **_: Any) -> None:
         # Every owned partition catches up now, not at its next command.
@@ -296,6 +305,7 @@ def run(settings: Settings) -> None:
     from faust.worker import Worker
 
     logging.basicConfig(level=settings.log_level)
+    metrics.serve(settings.metrics_port)
     app = build_app(settings)
     worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     # Faust's terminal spinner sets the root logger to DEBUG so it can spin on every record: every

@@ -53,6 +53,7 @@ from aiokafka.structs import TopicPartition
 from openai import AsyncOpenAI
 from pydantic import TypeAdapter, ValidationError
 
+from pipeline import metrics
 from pipeline.client import AppendError, Client, Receipt
 from pipeline.settings import Settings
 from processors import llm_outcomes as outcomes
@@ -604,6 +605,8 @@ class LlmCaller:
         )
         if error is not None:
             log.error("%s %s @%d crashed", kind, path, order, exc_info=error)
+        if result.duration_ms:
+            metrics.PROVIDER_SECONDS.labels(result.status).observe(result.duration_ms / 1000)
         if isinstance(record, CallRequest):
             if result.status == "expired":
                 log.info(
@@ -842,6 +845,7 @@ def run(settings: Settings, **options: Any) -> None:
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
+    metrics.serve(settings.caller_metrics_port)
     caller = LlmCaller(settings, **options)
 
     async def main() -> None:

@@ -50,6 +50,12 @@ class Settings(BaseModel):
         ),
     ] = None
     worker_port: Annotated[int, Field(ge=0, description="Faust web port of the journal worker (0: none).")] = 6066
+    metrics_port: Annotated[
+        int, Field(ge=0, description="Prometheus /metrics port of the journal worker (0: none).")
+    ] = 9464
+    caller_metrics_port: Annotated[
+        int, Field(ge=0, description="Prometheus /metrics port of the LLM caller (0: none).")
+    ] = 9465
     rocksdb_write_buffer_mb: Annotated[int, Field(ge=1, description="RocksDB write buffer per partition.")] = 8
     rocksdb_block_cache_mb: Annotated[int, Field(ge=1, description="RocksDB block cache per partition.")] = 16
     flush_interval_ms: Annotated[

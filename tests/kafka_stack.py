@@ -45,20 +45,21 @@ def ensure_broker() -> None:
 class Stack:
     def __init__(self, data_dir: Path, partitions: int = 4, **overrides: Any) -> None:
         tag = uuid.uuid4().hex[:8]
-        self.settings = Settings.from_env(
-            {},
-            bootstrap_servers=BOOTSTRAP,
-            topic_prefix=f"t{tag}-",
-            partitions=partitions,
-            data_dir=data_dir,
-            app_id=f"agentstream-test-{tag}",
-            worker_instance_id=f"agentstream-test-{tag}-0",  # static membership: a restart rejoins at once
-            caller_group=f"agentstream-caller-{tag}",
-            worker_port=0,
-            flush_interval_ms=20,
-            log_level="WARNING",
-            **overrides,
-        )
+        defaults: dict[str, Any] = {
+            "bootstrap_servers": BOOTSTRAP,
+            "topic_prefix": f"t{tag}-",
+            "partitions": partitions,
+            "data_dir": data_dir,
+            "app_id": f"agentstream-test-{tag}",
+            "worker_instance_id": f"agentstream-test-{tag}-0",  # static membership: a restart rejoins at once
+            "caller_group": f"agentstream-caller-{tag}",
+            "worker_port": 0,
+            "metrics_port": 0,  # tests that scrape /metrics pass a free port
+            "caller_metrics_port": 0,
+            "flush_interval_ms": 20,
+            "log_level": "WARNING",
+        }
+        self.settings = Settings.from_env({}, **{**defaults, **overrides})
         self.specs = topic_specs(self.settings.topic_prefix, partitions, 1)
         ensure_topics(BOOTSTRAP, self.specs)
         self.worker: subprocess.Popen[bytes] | None = None

@@ -1,0 +1,60 @@
+"""Prometheus metrics of the workers (prometheus-client), served on `/metrics`.
+
+Names follow Prometheus conventions: `agentstream_` prefix, base units (seconds), `_total` for
+counters. Label values are bounded sets (event type names of the contract, reason kinds, statuses),
+never stream paths. The README's metrics table lists each one.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from schemas.events import CONSUMED_TYPES
+
+_FAST = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_PROVIDER = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+EVENTS_JOURNALED = Counter(
+    "agentstream_events_journaled_total", "Events written to agent-journal, by event type.", ["type"]
+)
+DUPLICATES = Counter("agentstream_duplicate_appends_total", "Appends recognised as already journaled (no-ops).")
+DLQ_RECORDS = Counter("agentstream_dlq_records_total", "Commands sent to agent-dlq, by reason kind.", ["reason"])
+FOLD_SECONDS = Histogram(
+    "agentstream_fold_seconds", "Time to validate, journal and fold one command into its projection.", buckets=_FAST
+)
+RENDER_SECONDS = Histogram(
+    "agentstream_render_seconds", "Time to render one request body from the projection.", buckets=_FAST
+)
+REQUESTS_OPENED = Counter("agentstream_llm_requests_opened_total", "LLM requests opened (turns started).")
+REQUESTS_SETTLED = Counter(
+    "agentstream_llm_requests_settled_total", "Open LLM requests settled, by status.", ["status"]
+)
+TOKENS = Counter("agentstream_tokens_total", "Tokens reported by providers, by kind.", ["kind"])
+COMPACTIONS = Counter("agentstream_compactions_total", "Compaction summaries applied to projections.")
+OPEN_REQUESTS = Gauge("agentstream_open_requests", "Agents with an LLM request open (this worker's partitions).")
+PAUSED_AGENTS = Gauge("agentstream_paused_agents", "Agents paused by the autonomous-turn breaker (this worker).")
+CONSUMER_LAG = Gauge(
+    "agentstream_consumer_lag", "Records in agent-appends not yet handled, per partition.", ["topic", "partition"]
+)
+PROVIDER_SECONDS = Histogram(
+    "agentstream_provider_request_seconds", "LLM provider call time, by outcome.", ["outcome"], buckets=_PROVIDER
+)
+
+
+def event_type_label(event_type: str) -> str:
+    """The short name of a contract event type; every other type is `other` (bounded labels)."""
+    return event_type.rsplit("/", 1)[-1] if event_type in CONSUMED_TYPES else "other"
+
+
+def dlq_reason_label(reason: str) -> str:
+    if reason.startswith("not an append command"):
+        return "not_a_command"
+    if reason.startswith("idempotency key"):
+        return "idempotency_conflict"
+    return "invalid_payload"
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on 0.0.0.0:port in a background thread (port 0: no server)."""
+    if port:
+        start_http_server(port)
