@@ -156,7 +156,7 @@ def build_app(settings: Settings) -> faust.App:
         started = time.monotonic()
         position = engine.recorded_position()
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **_aiokafka_security(settings)
+            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
         )
         await consumer.start()
         try:
@@ -283,21 +283,6 @@ def _credentials(settings: Settings) -> Any:
 
         return faust.SSLCredentials(ssl.create_default_context(cafile=settings.ssl_cafile))
     return None
-
-
-def _aiokafka_security(settings: Settings) -> dict[str, Any]:
-    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
-    if settings.sasl_mechanism:
-        options.update(
-            sasl_mechanism=settings.sasl_mechanism,
-            sasl_plain_username=settings.sasl_username,
-            sasl_plain_password=settings.sasl_password,
-        )
-    if settings.security_protocol.endswith("SSL"):
-        import ssl
-
-        options["ssl_context"] = ssl.create_default_context(cafile=settings.ssl_cafile)
-    return options
 
 
 def run(settings: Settings) -> None:

@@ -311,7 +311,7 @@ class LlmCaller:
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(500, self.session_timeout_ms // 3),
             max_poll_interval_ms=max(300_000, int(settings.llm_timeout_s * 1000) * 3),
-            **_aiokafka_security(settings),
+            **settings.aiokafka_config(),
         )
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         log.info(
@@ -822,21 +822,6 @@ def _order(record: CallRequest | CompactRequest) -> int:
 
 def _ms(started: float) -> int:
     return int((time.monotonic() - started) * 1000)
-
-
-def _aiokafka_security(settings: Settings) -> dict[str, Any]:
-    options: dict[str, Any] = {"security_protocol": settings.security_protocol}
-    if settings.sasl_mechanism:
-        options.update(
-            sasl_mechanism=settings.sasl_mechanism,
-            sasl_plain_username=settings.sasl_username,
-            sasl_plain_password=settings.sasl_password,
-        )
-    if settings.security_protocol.endswith("SSL"):
-        import ssl
-
-        options["ssl_context"] = ssl.create_default_context(cafile=settings.ssl_cafile)
-    return options
 
 
 def run(settings: Settings, **options: Any) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -141,6 +142,19 @@ class Settings(BaseModel):
 
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)
+
+    def aiokafka_config(self) -> dict[str, Any]:
+        """aiokafka connection settings (security only; bootstrap servers are passed separately)."""
+        options: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            options.update(
+                sasl_mechanism=self.sasl_mechanism,
+                sasl_plain_username=self.sasl_username,
+                sasl_plain_password=self.sasl_password,
+            )
+        if self.security_protocol.endswith("SSL"):
+            options["ssl_context"] = ssl.create_default_context(cafile=self.ssl_cafile)
+        return options
 
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka (confluent-kafka) connection settings."""
