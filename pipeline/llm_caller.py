@@ -202,7 +202,7 @@ def describe_error(error: BaseException, timeout_s: float) -> str:
     return outcomes.one_line(text)
 
 
-def _summary_text(response: Any) -> str:
+def _completion_text(response: Any) -> str:
     """The text of a non-streaming chat completion, or InvalidResponse."""
     if isinstance(response, (str, bytes)):
         raise InvalidResponse("the provider's response is not a chat completion (not JSON)")
@@ -499,6 +499,8 @@ class LlmCaller:
     async def _stream(self, record: CallRequest, job: Job) -> dict[str, int] | None:
         """Stream the completion into `job.partial` (kept if the task is cancelled); return usage."""
         assert self._openai is not None
+        if not self.settings.streaming:
+            return await self._complete(record, job)
         usage: dict[str, int] | None = None
         chunks = 0
         async with asyncio.timeout(self.settings.llm_timeout_s):
@@ -531,6 +533,18 @@ class LlmCaller:
             raise InvalidResponse("the provider's response is not a chat completion stream (no chunks)")
         return usage
 
+    async def _complete(self, record: CallRequest, job: Job) -> dict[str, int] | None:
+        """Non-streaming call (settings.streaming off): the whole text at once, with usage."""
+        assert self._openai is not None
+        async with asyncio.timeout(self.settings.llm_timeout_s):
+            response = await self._openai.chat.completions.create(
+                model=record.model,
+                messages=outcomes.provider_messages(record.messages),  # type: ignore[arg-type]
+                **self._limit(record.transport),
+            )
+        job.partial.append(_completion_text(response))
+        return outcomes.normalize_usage(_as_mapping(getattr(response, "usage", None)))
+
     async def _compact(self, job: Job) -> Result:
         record = job.record
         assert isinstance(record, CompactRequest) and self._slots is not None and self._openai is not None
@@ -543,7 +557,7 @@ class LlmCaller:
                         messages=outcomes.compaction_messages(record.messages, record.transport),  # type: ignore[arg-type]
                         **self._limit(record.transport),
                     )
-                text = _summary_text(response)
+                text = _completion_text(response)
                 usage = outcomes.normalize_usage(_as_mapping(getattr(response, "usage", None)))
             except Exception as error:
                 return Result(

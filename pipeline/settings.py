@@ -93,6 +93,13 @@ class Settings(BaseModel):
         Literal["openai", "openai-compatible"] | None,
         Field(description="openai keeps the developer role; openai-compatible maps it to system. Unset: by endpoint."),
     ] = None
+    llm_stream: Annotated[
+        bool | None,
+        Field(
+            description="Stream completions (an interrupt keeps the partial output). Unset: stream, except on "
+            "the embedded model, whose server reports no token usage on streams (compaction needs it)."
+        ),
+    ] = None
     llm_max_in_flight: Annotated[int, Field(ge=1, description="Concurrent LLM calls per caller worker.")] = 64
     llm_timeout_s: Annotated[float, Field(gt=0, description="Timeout of one LLM call, seconds.")] = 120.0
     llm_max_tokens: Annotated[int, Field(ge=1, description="max_tokens sent with every completion.")] = 512
@@ -139,6 +146,12 @@ class Settings(BaseModel):
         if self.llm_transport is not None:
             return self.llm_transport
         return "openai" if self.openai_api_key and not self.openai_base_url else "openai-compatible"
+
+    @property
+    def streaming(self) -> bool:
+        if self.llm_stream is not None:
+            return self.llm_stream
+        return self.llm_base_url != self.embedded_model_url
 
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)
