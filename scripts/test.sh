@@ -29,5 +29,8 @@ scripts/model/start.sh
 
 echo "==> ruff"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "==> helm lint + template (helm from PyPI, offline)"
+scripts/helm-check.sh
 echo "==> pytest"
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
