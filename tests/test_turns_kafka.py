@@ -17,6 +17,7 @@ The `model` tests run a second stack against the embedded model (scripts/model/s
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -731,7 +732,7 @@ def test_4_3_caller_killed_mid_call_ends_with_exactly_one_settlement(kit: tuple[
 
 # --- 11. the embedded model --------------------------------------------------------------------------
 
-MODEL_URL = "http://127.0.0.1:18080/v1"
+MODEL_URL = f"http://127.0.0.1:{os.environ.get('AGENTSTREAM_MODEL_PORT', '18080')}/v1"  # scripts/model/start.sh
 SMOLLM2 = "smollm2"
 SMOLLM2_CONTEXT = 600  # so that the first turn (protocol + base policy + a message) crosses 50 %
 
