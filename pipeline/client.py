@@ -120,9 +120,12 @@ class _Results:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            messages = self._consumer.consume(500, timeout=0.1)
-            if not messages:
+            # poll() returns at the first record; consume(timeout=0) then takes what is buffered.
+            # (consume() with a timeout would wait that long whenever fewer records are ready.)
+            first = self._consumer.poll(0.1)
+            if first is None:
                 continue
+            messages = [first, *self._consumer.consume(500, timeout=0)]
             with self._cond:
                 for message in messages:
                     if message.error() is not None:

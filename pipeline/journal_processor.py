@@ -107,7 +107,6 @@ class Pending:
     # Records published once the journal record is acknowledged (results, LLM requests): nothing
     # downstream ever sees an event the journal might still lose.
     after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
-    queued_at: float = field(default_factory=time.monotonic)
 
     def done(self) -> bool:
         return (self.delivery is None or self.delivery.done()) and (
@@ -135,6 +134,7 @@ class PartitionEngine:
         default_model: str = "smollm2",
         transport: Transport = "openai-compatible",
         max_pending: int = 2000,
+        fatal: Callable[[BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.partition = partition
@@ -152,7 +152,9 @@ class PartitionEngine:
         self.overlay_owner: dict[bytes, Pending] = {}
         self.queue: deque[Pending] = deque()
         self.caught_up = False
-        self.tick_sent = False  # a flush tick is on its way through agent-appends
+        self.fatal = fatal
+        self._drain_lock = asyncio.Lock()
+        self._drain_task: asyncio.Task[None] | None = None
         self.handled = 0
         self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
 
@@ -193,9 +195,31 @@ class PartitionEngine:
             self.overlay[key] = value
             self.overlay_owner[key] = pending
         self.queue.append(pending)
+        futures = [f for f in (pending.delivery, pending.dlq_delivery) if f is not None]
+        if futures:
+            futures[-1].add_done_callback(self._delivered)
+        else:
+            self._delivered(None)
+
+    def _delivered(self, _: object) -> None:
+        """A delivery completed: store what is ready now, without waiting for the next command."""
+        if self._drain_task is None or self._drain_task.done():
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain_soon())
+
+    async def _drain_soon(self) -> None:
+        try:
+            await self.drain(wait=False)
+        except Exception as error:  # a failed delivery: the state is ahead of the journal
+            if self.fatal is None:
+                raise
+            self.fatal(error)
 
     async def drain(self, wait: bool) -> int:
         """Store the rows of every queued command whose deliveries are acknowledged, in order."""
+        async with self._drain_lock:  # one drain at a time: rows, acks and the position stay in order
+            return await self._drain(wait)
+
+    async def _drain(self, wait: bool) -> int:
         stored = 0
         position = None
         queue = self.queue
@@ -238,11 +262,8 @@ class PartitionEngine:
         if self.handled % heap.SETTLE_EVERY == 0:
             heap.settle()
         if len(self.queue) >= self.max_pending:
-            await self.drain(wait=True)
-        else:
-            await self.drain(wait=False)
-        if H_TICK in command.headers:
-            self.tick_sent = False
+            await self.drain(wait=True)  # back-pressure: the journal is slower than the input
+        if H_TICK in command.headers:  # sent on assignment so that recovery runs promptly
             await self.drain(wait=True)
             command.ack()
             return

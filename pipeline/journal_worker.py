@@ -4,8 +4,10 @@ Faust supplies the consumer group, partition assignment, offset commits and the 
 RocksDB table; `pipeline.journal_processor.PartitionEngine` makes every decision. Notes on Faust
 (see DESIGN.md, "Known traps"):
 - keys and values are raw bytes everywhere (`raw` serializers), so prefix scans work;
-- the table is written only while an event of the same partition is being handled (Faust routes
-  a table write to the partition of the current event); ticks are records, not timers, for that;
+- rows are written to the partition's RocksDB and its changelog directly (with the partition
+  explicit), not through Faust's table-write path, which routes a write by the current event and
+  queues changelog records in a small buffer; so rows can be stored as soon as the journal record
+  is acknowledged, from any coroutine;
 - acknowledgements are manual (`noack`): a command is acknowledged once its journal record is
   acknowledged and its rows are stored.
 """
@@ -133,6 +135,13 @@ def build_app(settings: Settings) -> faust.App:
     )
     engines: dict[int, PartitionEngine] = {}
 
+    def crash(error: BaseException) -> None:
+        # The in-memory state may now be ahead of the journal; only a restart (which restores
+        # rows and re-folds the journal) is safe. Exit like a crash would.
+        log.critical("journal worker failed; exiting for a clean recovery", exc_info=error)
+        logging.shutdown()
+        os._exit(70)
+
     def engine_for(partition: int) -> PartitionEngine:
         engine = engines.get(partition)
         if engine is None:
@@ -146,6 +155,7 @@ def build_app(settings: Settings) -> faust.App:
                 names,
                 send,
                 max_cached_streams=settings.max_cached_streams,
+                fatal=crash,
                 default_model=settings.default_model,
                 transport=settings.transport,
             )
@@ -207,24 +217,8 @@ def build_app(settings: Settings) -> faust.App:
                         ack=event.ack,
                     )
                 )
-            except Exception:
-                # The in-memory state may now be ahead of the journal; only a restart (which
-                # restores rows and re-folds the journal) is safe. Exit like a crash would.
-                log.critical(
-                    "journal partition %d failed; exiting for a clean recovery", message.partition, exc_info=True
-                )
-                logging.shutdown()
-                os._exit(70)
-
-    @app.timer(interval=settings.flush_interval_ms / 1000)
-    async def tick() -> None:
-        """Ask idle partitions to store their acknowledged rows (tables are written by events only)."""
-        now = time.monotonic()
-        for partition, engine in list(engines.items()):
-            queue = engine.queue
-            if queue and now - queue[0].queued_at >= settings.flush_interval_ms / 1000 and not engine.tick_sent:
-                engine.tick_sent = True
-                await appends.send(key=b"", value=b"", partition=partition, headers=[(H_TICK, b"1")])
+            except Exception as error:
+                crash(error)
 
     @app.timer(interval=0.01)
     async def schedule() -> None:

@@ -59,9 +59,6 @@ class Settings(BaseModel):
     ] = 9465
     rocksdb_write_buffer_mb: Annotated[int, Field(ge=1, description="RocksDB write buffer per partition.")] = 8
     rocksdb_block_cache_mb: Annotated[int, Field(ge=1, description="RocksDB block cache per partition.")] = 16
-    flush_interval_ms: Annotated[
-        int, Field(ge=1, description="Longest time journaled events wait before their rows are stored.")
-    ] = 20
     max_cached_streams: Annotated[
         int, Field(ge=1, description="Stream states kept in memory per worker; others reload from rows.")
     ] = 10_000

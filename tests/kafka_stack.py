@@ -56,7 +56,6 @@ class Stack:
             "worker_port": 0,
             "metrics_port": 0,  # tests that scrape /metrics pass a free port
             "caller_metrics_port": 0,
-            "flush_interval_ms": 20,
             "log_level": "WARNING",
         }
         self.settings = Settings.from_env({}, **{**defaults, **overrides})

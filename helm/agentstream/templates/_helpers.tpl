@@ -98,7 +98,6 @@ AGENTSTREAM_DATA_DIR: {{ .Values.journal.dataDir | quote }}
 AGENTSTREAM_WORKER_PORT: {{ .Values.journal.webPort | int | quote }}
 AGENTSTREAM_ROCKSDB_WRITE_BUFFER_MB: {{ .Values.journal.rocksdbWriteBufferMb | int | quote }}
 AGENTSTREAM_ROCKSDB_BLOCK_CACHE_MB: {{ .Values.journal.rocksdbBlockCacheMb | int | quote }}
-AGENTSTREAM_FLUSH_INTERVAL_MS: {{ .Values.journal.flushIntervalMs | int | quote }}
 AGENTSTREAM_MAX_CACHED_STREAMS: {{ .Values.journal.maxCachedStreams | int | quote }}
 AGENTSTREAM_CALLER_GROUP: {{ .Values.caller.group | quote }}
 AGENTSTREAM_LOG_LEVEL: {{ .Values.logLevel | quote }}
