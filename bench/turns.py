@@ -62,6 +62,25 @@ def read_all(topic: str) -> list[tuple[bytes, bytes, int]]:
         consumer.close()
 
 
+class SettlementFollower:
+    """Counts settlements per stream as they are journaled (one consumer, read incrementally)."""
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-follow", "log_level": 3})
+        self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.settled: dict[str, int] = {}
+        self.marker = b'"' + LLM_REQUEST_SETTLED.encode() + b'"'
+
+    def poll(self) -> None:
+        first = self.consumer.poll(0.05)
+        if first is None:
+            return
+        for message in [first, *self.consumer.consume(5000, timeout=0)]:
+            if message.error() is None and self.marker in message.value():
+                path = message.key().decode()
+                self.settled[path] = self.settled.get(path, 0) + 1
+
+
 def start_llm_server() -> tuple[subprocess.Popen[bytes], str]:
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.support.scripted_llm", "--port", "0", "--instant"],
@@ -98,7 +117,7 @@ def main() -> None:
         print(f"creating {args.agents} agents ...", flush=True)
         agents = [client.agents.create() for _ in range(args.agents)]
         client.flush()
-        settled_before: dict[str, int] = {}
+        follower = SettlementFollower(stack.client.topics.journal, args.partitions)
         turn_rates = []
         for round_number in range(1, args.rounds + 1):
             started = time.monotonic()
@@ -118,16 +137,10 @@ def main() -> None:
             for receipt in receipts:
                 receipt.wait(timeout=300)
             # Wait until every agent has one more settlement than before the round.
-            while True:
-                settled = {}
-                for key, value, _ in read_all(stack.client.topics.journal):
-                    if b'"' + LLM_REQUEST_SETTLED.encode() + b'"' in value:
-                        settled[key.decode()] = settled.get(key.decode(), 0) + 1
-                if all(settled.get(a.path, 0) >= settled_before.get(a.path, 0) + 1 for a in agents):
-                    break
-                time.sleep(0.2)
+            target = round_number
+            while sum(1 for a in agents if follower.settled.get(a.path, 0) >= target) < len(agents):
+                follower.poll()
             elapsed = time.monotonic() - started
-            settled_before = settled
             turn_rates.append(args.agents / elapsed)
             print(f"round {round_number}: {args.agents} turns in {elapsed:.2f}s = {args.agents / elapsed:,.0f} turns/s")
 
