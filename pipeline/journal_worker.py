@@ -228,7 +228,7 @@ def build_app(settings: Settings) -> faust.App:
             if not engine.caught_up:
                 continue
             for path, command in engine.due_commands(now_ms):
-                await appends.send(key=path.encode(), value=orjson.dumps(command), partition=partition)
+                await app.producer.send(names.appends, path.encode(), orjson.dumps(command), partition, None, None)
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
