@@ -31,6 +31,7 @@ import orjson
 from pydantic import ValidationError
 
 from pipeline import heap, metrics
+from pipeline.partitioner import partition_for
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import Transport, render_messages
@@ -131,6 +132,7 @@ class PartitionEngine:
         send: Send,
         *,
         max_cached_streams: int,
+        partitions: int = 0,  # the topic's partition count, to refuse misrouted commands (0: no check)
         default_model: str = "smollm2",
         transport: Transport = "openai-compatible",
         max_pending: int = 2000,
@@ -142,6 +144,7 @@ class PartitionEngine:
         self.topics = topics
         self.send = send
         self.clock_ms = clock_ms
+        self.partitions = partitions
         self.default_model = default_model
         self.transport = transport
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
@@ -272,6 +275,10 @@ class PartitionEngine:
         except ValidationError as error:
             await self._reject(command, None, "not an append command: " + describe_validation_error(error))
             return
+        misrouted = self._misrouted(command, append.streamPath)
+        if misrouted is not None:
+            await self._reject(command, append, misrouted)
+            return
         entry = self.entry(append.streamPath)
         if command.offset <= entry.source_offset:
             # Re-delivered after a crash: this exact record is already journaled.
@@ -302,6 +309,17 @@ class PartitionEngine:
         else:
             assert isinstance(outcome, Rejected)
             await self._reject(command, append, outcome.reason)
+
+    def _misrouted(self, command: Command, path: str) -> str | None:
+        """One writer per stream holds only if every command of a stream lands on its partition."""
+        if command.key != path.encode():
+            return f"record key {command.key!r} is not the streamPath {path!r}: key appends by stream path"
+        if self.partitions and partition_for(path, self.partitions) != self.partition:
+            return (
+                f"{path} belongs to partition {partition_for(path, self.partitions)}, not {self.partition}: "
+                "produce with the murmur2 partitioner (librdkafka: partitioner=murmur2_random)"
+            )
+        return None
 
     def _result(
         self, pending: Pending, append: AppendCommand, status: str, offset: int | None, reason: str | None = None

@@ -155,6 +155,7 @@ def build_app(settings: Settings) -> faust.App:
                 names,
                 send,
                 max_cached_streams=settings.max_cached_streams,
+                partitions=settings.partitions,
                 fatal=crash,
                 default_model=settings.default_model,
                 transport=settings.transport,

@@ -51,6 +51,8 @@ def dlq_reason_label(reason: str) -> str:
         return "not_a_command"
     if reason.startswith("idempotency key"):
         return "idempotency_conflict"
+    if reason.startswith("record key") or " belongs to partition " in reason:
+        return "misrouted"
     return "invalid_payload"
 
 

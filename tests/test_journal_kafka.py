@@ -118,8 +118,14 @@ def test_bad_input_goes_to_the_dlq_with_its_reason_and_the_partition_keeps_going
     ]
     for value in bad_values:
         stack.produce_raw(value, key=path.encode())
+    # A command keyed by another path: it would reach a partition that does not own its stream.
+    misrouted = orjson.dumps({"streamPath": path, "type": CONTEXT_ADDED, "payload": {"role": "user", "content": "x"}})
+    stack.produce_raw(misrouted, key=b"/agents/someone-else")
     assert stream.append(user("after")).wait(timeout=60) == 2
-    dlq = stack.read_topic(stack.client.topics.dlq)
+    dlq = stack.read_topic(stack.client.topics.dlq)  # one partition per key: in produce order
+    misrouted_records = [m for m in dlq if m.key() == b"/agents/someone-else"]
+    assert len(misrouted_records) == 1 and b"not the streamPath" in dict(misrouted_records[0].headers())[H_REASON]
+    dlq = [m for m in dlq if m.key() != b"/agents/someone-else"]
     assert [m.value() for m in dlq] == bad_values
     reasons = [dict(m.headers())[H_REASON].decode() for m in dlq]
     assert "not an append command" in reasons[0]
