@@ -4,10 +4,9 @@ Faust supplies the consumer group, partition assignment, offset commits and the 
 RocksDB table; `pipeline.journal_processor.PartitionEngine` makes every decision. Notes on Faust
 (see DESIGN.md, "Known traps"):
 - keys and values are raw bytes everywhere (`raw` serializers), so prefix scans work;
-- rows are written to the partition's RocksDB and its changelog directly (with the partition
-  explicit), not through Faust's table-write path, which routes a write by the current event and
-  queues changelog records in a small buffer; so rows can be stored as soon as the journal record
-  is acknowledged, from any coroutine;
+- rows go to the table's changelog (partition explicit) and then to the partition's RocksDB,
+  not through Faust's table-write path (see `FaustRows`); so rows can be stored as soon as the
+  journal record is acknowledged, from any coroutine;
 - acknowledgements are manual (`noack`): a command is acknowledged once its journal record is
   acknowledged and its rows are stored.
 """
@@ -26,6 +25,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from faust.types import TP
+from rocksdict import WriteBatch
 
 from pipeline import metrics
 from pipeline.journal_processor import H_TICK, Command, PartitionEngine
@@ -41,11 +41,14 @@ ROWS_TABLE = "rows"
 class FaustRows:
     """`RowTable` over one partition of the Faust table.
 
-    Reads go straight to the partition's RocksDB. Writes go to RocksDB at once and to the table's
-    changelog in one burst per `commit()`, through the producer directly: Faust's own table-write
-    path queues every changelog record in a 100-message buffer drained one await at a time, which
-    stalled the agent ("producer buffer full") at a few hundred events/s. The changelog offset Faust
-    uses for recovery is recorded once per burst, from its last record.
+    Rows go to the table's changelog first, in one burst per `commit()`, through the producer with
+    the partition explicit; only once the burst is acknowledged are they written to the local
+    RocksDB (one write batch) and Faust's changelog offset advanced. So the local store never holds
+    a row the changelog lacks: after a crash Faust replays the changelog past that offset and the
+    local store is again exactly a prefix of the changelog, on this machine or a new one. Until
+    then reads are served from the rows in flight. (Faust's own table-write path routes a write
+    by the current event and queues changelog records in a small buffer drained one await at a
+    time, which stalled the agent at a few hundred events/s.)
     """
 
     def __init__(self, app: Any, table: Any, partition: int) -> None:
@@ -53,45 +56,64 @@ class FaustRows:
         self.table = table
         self.partition = partition
         self.changelog: list[tuple[bytes, bytes | None]] = []
+        self.in_flight: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (burst, value)
+        self.bursts = 0
 
     def _db(self) -> Any:
         # Faust has no public per-partition read or prefix scan; this is the one place we reach in.
         return self.table.data._db_for_partition(self.partition)
 
     def get(self, key: bytes) -> bytes | None:
+        if key in self.in_flight:
+            return self.in_flight[key][1]
         value = self._db().get(key)
         return None if value is None else bytes(value)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        rows: dict[bytes, bytes | None] = {}
         for key, value in self._db().items(from_key=prefix):
             if not key.startswith(prefix):
-                return
-            yield bytes(key), bytes(value)
+                break
+            rows[bytes(key)] = bytes(value)
+        for key, (_, value) in self.in_flight.items():
+            if key.startswith(prefix):
+                rows[key] = value
+        for key in sorted(rows):
+            value = rows[key]
+            if value is not None:
+                yield key, value
 
     def put(self, key: bytes, value: bytes | None) -> None:
-        db = self._db()
-        if value is None:
-            db.delete(key)
-        else:
-            db.put(key, value)
         self.changelog.append((key, value))
+        self.in_flight[key] = (self.bursts, value)
 
     async def commit(self) -> None:
         if not self.changelog:
             return
         records, self.changelog = self.changelog, []
+        burst = self.bursts
+        self.bursts += 1
         topic = self.table.changelog_topic.get_topic_name()
         send = self.app.producer.send
         last = None
         for key, value in records:
             last = await send(topic, key, value, self.partition, None, None)
         assert last is not None
-        store = self.table.data
-        last.add_done_callback(
-            lambda fut: (
-                None if fut.exception() else store.set_persisted_offset(TP(topic, self.partition), fut.result().offset)
-            )
-        )
+        last.add_done_callback(lambda future: self._apply(burst, records, topic, future))
+
+    def _apply(self, burst: int, records: list[tuple[bytes, bytes | None]], topic: str, future: Any) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return  # not in the changelog: the local store must not have it either (the worker exits)
+        batch = WriteBatch(raw_mode=True)
+        for key, value in records:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+            if self.in_flight.get(key, (None,))[0] == burst:
+                del self.in_flight[key]
+        self._db().write(batch)
+        self.table.data.set_persisted_offset(TP(topic, self.partition), future.result().offset)
 
 
 def build_app(settings: Settings) -> faust.App:
