@@ -1,0 +1,539 @@
+"""The Kafka pipeline against the local broker: throughput, latency, replay, changelog bytes.
+
+    .venv/bin/python bench/pipeline.py [--quick] [--partitions 4]
+
+Needs the local broker (`bash scripts/kafka/start.sh`). Uses its own topic prefix, Faust app id and
+data directory, runs the journal worker as a subprocess (`agentstream worker journal`, the same
+process the tests start), and deletes its topics at the end. Each figure is printed beside a
+baseline measured in the same run on the same machine:
+
+- sustained appends/s: valid AppendCommand JSON (with append ids, as the client API sends them)
+  produced as fast as possible with confluent-kafka straight to agent-appends over 200 raw streams;
+  the rate is read from agent-journal's high watermarks (from 10% to 100% of the records, so the
+  start-up transient is left out). Baseline: a Python confluent-kafka consume→produce loop copying
+  one topic to another (same partition count, also a subprocess, acks=all), measured the same way.
+- append→journaled latency p50/p99 at a fixed offered load (paced producer): consume time of the
+  journal record minus produce time of the command. Baseline: the same load through the raw loop.
+- replay events/s of `pipeline.replay.replay` over the whole journal written by the run, beside a
+  raw confluent-kafka consume of the same topic (no processing).
+- changelog bytes per appended context event (sum of key + value sizes of the records read back from
+  `<app_id>-rows-changelog`) while one stream's projection holds ~10 items, and ~10 000 items.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import orjson  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from pipeline.client import watermarks  # noqa: E402
+from pipeline.replay import replay  # noqa: E402
+from schemas.events import CONTEXT_ADDED  # noqa: E402
+from topics.names import topic_names  # noqa: E402
+
+BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
+ACTOR = {"type": "user", "origin": "cli"}
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def command(path: str, content: str) -> bytes:
+    """One AppendCommand as the client API writes it (appendId included)."""
+    return orjson.dumps(
+        {
+            "streamPath": path,
+            "type": CONTEXT_ADDED,
+            "payload": {"role": "user", "content": content, "actor": ACTOR},
+            "appendId": uuid.uuid4().hex,
+        }
+    )
+
+
+def new_producer(**extra: Any) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "partitioner": "murmur2_random",  # the client API's partitioner: same partition everywhere
+            "linger.ms": 2,
+            "acks": "all",
+            "enable.idempotence": True,
+            "log_level": 3,
+            **extra,
+        }
+    )
+
+
+def produce_all(producer: Producer, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    for key, value in records:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(60)
+
+
+class Watermarks:
+    """Sum of a topic's high watermarks (records written so far; nothing is ever deleted here)."""
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-watermarks", "log_level": 3})
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+
+    def total(self) -> int:
+        return sum(watermarks(self.consumer, tp)[1] for tp in self.tps)
+
+    def per_partition(self) -> list[int]:
+        return [watermarks(self.consumer, tp)[1] for tp in self.tps]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def wait_for_count(
+    marks: Watermarks, target: int, timeout: float, samples: list[tuple[float, int]] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        count = marks.total()
+        if samples is not None:
+            samples.append((time.perf_counter(), count))
+        if count >= target:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out: {count} of {target} records after {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def sustained_rate(samples: list[tuple[float, int]], start: int, n: int) -> float:
+    """Records/s between the moments 10% and 100% of the n records had arrived."""
+    t10 = next(t for t, c in samples if c - start >= n // 10)
+    c10 = next(c for t, c in samples if c - start >= n // 10)
+    t_end, c_end = samples[-1]
+    return (c_end - c10) / (t_end - t10)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# --- the raw pass-through baseline ----------------------------------------------------------------
+
+
+def passthrough_main(source: str, target: str) -> None:
+    """A plain confluent-kafka consume→produce loop (run as a subprocess, like the worker)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "group.id": f"bench-passthrough-{source}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "fetch.wait.max.ms": 10,
+            "log_level": 3,
+        }
+    )
+    producer = Producer(
+        {"bootstrap.servers": BOOTSTRAP, "linger.ms": 1, "acks": "all", "enable.idempotence": True, "log_level": 3}
+    )
+    consumer.subscribe([source])
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.is_set():
+        for message in consumer.consume(1000, timeout=0.05):
+            if message.error() is not None:
+                continue
+            while True:
+                try:
+                    producer.produce(target, key=message.key(), value=message.value(), partition=message.partition())
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(10)
+    consumer.close()
+
+
+# --- the bench ------------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, quick: bool, partitions: int) -> None:
+        from tests.kafka_stack import Stack
+
+        self.quick = quick
+        self.partitions = partitions
+        self.tmp = Path(tempfile.mkdtemp(prefix="agentstream-bench-"))
+        self.stack = Stack(self.tmp / "data", partitions=partitions)
+        self.settings = self.stack.settings
+        self.topics = topic_names(self.settings.topic_prefix)  # no Client: its result follower costs CPU
+        self.journal_marks = Watermarks(self.topics.journal, partitions)
+        self.producer = new_producer()
+        self.raw_topics = [f"{self.settings.topic_prefix}raw-in", f"{self.settings.topic_prefix}raw-out"]
+        self.passthrough: subprocess.Popen[bytes] | None = None
+        self.rows: list[tuple[str, str, str, str]] = []  # (figure, value, baseline, ratio)
+        self.notes: list[str] = []
+
+    # the worker ---------------------------------------------------------------------------------
+
+    def start_worker(self) -> None:
+        self.stack.start_worker()
+        # Ready when a first append is journaled (group joined, partitions recovered).
+        before = self.journal_marks.total()
+        produce_all(self.producer, self.topics.appends, [(b"/bench/warmup", command("/bench/warmup", "warm-up"))])
+        wait_for_count(self.journal_marks, before + 1, timeout=120)
+
+    def worker_pid(self) -> int:
+        assert self.stack.worker is not None
+        return self.stack.worker.pid
+
+    # 1. throughput ------------------------------------------------------------------------------
+
+    def throughput(self, n: int, streams: int = 200) -> float:
+        paths = [f"/bench/t{i:03d}" for i in range(streams)]
+        records = [(paths[i % streams].encode(), command(paths[i % streams], f"t#{i}")) for i in range(n)]
+        start = self.journal_marks.total()
+        samples: list[tuple[float, int]] = []
+        waiter = threading.Thread(target=wait_for_count, args=(self.journal_marks, start + n, 600, samples))
+        waiter.start()
+        produce_all(self.producer, self.topics.appends, records)
+        waiter.join()
+        return sustained_rate(samples, start, n)
+
+    def raw_throughput(self, n: int, streams: int = 200) -> float:
+        source, target = self.raw_topics
+        marks = Watermarks(target, self.partitions)
+        try:
+            warm = marks.total()
+            produce_all(self.producer, source, [(b"/bench/warmup", b"warm-up")])
+            wait_for_count(marks, warm + 1, timeout=60)
+            paths = [f"/bench/t{i:03d}" for i in range(streams)]
+            records = [(paths[i % streams].encode(), command(paths[i % streams], f"t#{i}")) for i in range(n)]
+            start = marks.total()
+            samples: list[tuple[float, int]] = []
+            waiter = threading.Thread(target=wait_for_count, args=(marks, start + n, 600, samples))
+            waiter.start()
+            produce_all(self.producer, source, records)
+            waiter.join()
+            return sustained_rate(samples, start, n)
+        finally:
+            marks.close()
+
+    def start_passthrough(self) -> None:
+        admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
+        futures = admin.create_topics([NewTopic(name, self.partitions, 1) for name in self.raw_topics])
+        for future in futures.values():
+            future.result()
+        time.sleep(1)  # leaders settle
+        self.passthrough = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--passthrough", *self.raw_topics]
+        )
+
+    def stop_passthrough(self) -> None:
+        if self.passthrough is not None and self.passthrough.poll() is None:
+            self.passthrough.terminate()
+            try:
+                self.passthrough.wait(15)
+            except subprocess.TimeoutExpired:
+                self.passthrough.kill()
+                self.passthrough.wait()
+
+    # 2. latency ---------------------------------------------------------------------------------
+
+    def latency(self, source: str, sink: str, rate: float, seconds: float, streams: int = 200) -> list[float]:
+        """Latencies (ms) of `rate` commands/s sent to `source` for `seconds`, seen arriving in `sink`."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": BOOTSTRAP,
+                "group.id": "bench-latency",
+                "fetch.wait.max.ms": 5,
+                "enable.auto.commit": False,
+                "log_level": 3,
+            }
+        )
+        tps = [TopicPartition(sink, p) for p in range(self.partitions)]
+        for tp in tps:
+            tp.offset = watermarks(consumer, tp)[1]
+        consumer.assign(tps)
+        n = int(rate * seconds)
+        sent_at = [0.0] * n
+        received: dict[int, float] = {}
+        done = threading.Event()
+        tag = uuid.uuid4().hex[:6]
+        marker = f"lat{tag}#".encode()
+
+        def consume() -> None:
+            while not done.is_set():
+                for message in consumer.consume(1000, timeout=0.05):
+                    now = time.perf_counter()
+                    value = message.value()
+                    if message.error() is not None or not value:
+                        continue
+                    at = value.find(marker)
+                    if at < 0:
+                        continue
+                    end = value.index(b'"', at)
+                    received[int(value[at + len(marker) : end])] = now
+                if len(received) >= n:
+                    return
+
+        reader = threading.Thread(target=consume)
+        reader.start()
+        time.sleep(0.5)  # the consumer has fetched its (empty) partitions
+        paths = [f"/bench/l{i:03d}" for i in range(streams)]
+        producer = new_producer(**{"linger.ms": 1})
+        started = time.perf_counter()
+        for i in range(n):
+            due = started + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0.001:
+                time.sleep(delay)
+            path = paths[i % streams]
+            value = command(path, f"lat{tag}#{i}")
+            sent_at[i] = time.perf_counter()
+            producer.produce(source, key=path.encode(), value=value)
+            producer.poll(0)
+        producer.flush(30)
+        deadline = time.monotonic() + 60
+        while len(received) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done.set()
+        reader.join()
+        consumer.close()
+        if len(received) < n:
+            raise RuntimeError(f"only {len(received)} of {n} latency probes arrived")
+        return [(received[i] - sent_at[i]) * 1000 for i in range(n)]
+
+    # 3. replay ----------------------------------------------------------------------------------
+
+    def replay_rate(self) -> tuple[float, int]:
+        stats = replay(self.settings, self.tmp / "replay", progress=False)
+        return stats.events / stats.seconds, stats.events
+
+    def raw_consume_rate(self) -> tuple[float, int]:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": BOOTSTRAP,
+                "group.id": "bench-raw-consume",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "fetch.max.bytes": 64 << 20,
+                "log_level": 3,
+            }
+        )
+        try:
+            started = time.monotonic()
+            count = 0
+            for p in range(self.partitions):
+                low, high = watermarks(consumer, TopicPartition(self.topics.journal, p))
+                if high <= low:
+                    continue
+                consumer.assign([TopicPartition(self.topics.journal, p, low)])
+                position = low
+                while position < high:
+                    for message in consumer.consume(5000, timeout=1.0):
+                        if message.error() is None and message.offset() < high:
+                            position = message.offset() + 1
+                            count += 1
+            return count / (time.monotonic() - started), count
+        finally:
+            consumer.close()
+
+    # 4. changelog bytes -------------------------------------------------------------------------
+
+    def changelog_topic(self) -> str:
+        return f"{self.settings.app_id}-rows-changelog"
+
+    def append_and_settle(self, path: str, contents: list[str]) -> None:
+        """Append to one stream, wait until journaled, then until the changelog stops growing."""
+        before = self.journal_marks.total()
+        records = [(path.encode(), command(path, c)) for c in contents]
+        produce_all(self.producer, self.topics.appends, records)
+        wait_for_count(self.journal_marks, before + len(records), timeout=600)
+        changelog = Watermarks(self.changelog_topic(), self.partitions)
+        try:
+            last, stable_since = -1, time.monotonic()
+            while time.monotonic() - stable_since < 1.0:
+                total = changelog.total()
+                if total != last:
+                    last, stable_since = total, time.monotonic()
+                time.sleep(0.05)
+        finally:
+            changelog.close()
+
+    def changelog_bytes(self, path: str, items: int, extra: int) -> tuple[float, float]:
+        """(bytes, records) of changelog per appended event while the projection holds ~`items` items."""
+        batch = 5000
+        for start in range(0, items, batch):
+            self.append_and_settle(path, [f"grow#{i}" for i in range(start, min(items, start + batch))])
+        changelog = Watermarks(self.changelog_topic(), self.partitions)
+        start_offsets = changelog.per_partition()
+        changelog.close()
+        self.append_and_settle(path, [f"more#{i}" for i in range(extra)])
+        size, records = self.read_range(self.changelog_topic(), start_offsets)
+        return size / extra, records / extra
+
+    def read_range(self, topic: str, starts: list[int]) -> tuple[int, int]:
+        consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-changelog", "log_level": 3})
+        try:
+            size = records = 0
+            for p, start in enumerate(starts):
+                _, high = watermarks(consumer, TopicPartition(topic, p))
+                if high <= start:
+                    continue
+                consumer.assign([TopicPartition(topic, p, start)])
+                position = start
+                while position < high:
+                    for message in consumer.consume(5000, timeout=1.0):
+                        if message.error() is not None or message.offset() >= high:
+                            continue
+                        position = message.offset() + 1
+                        size += len(message.key() or b"") + len(message.value() or b"")
+                        records += 1
+            return size, records
+        finally:
+            consumer.close()
+
+    # the run ------------------------------------------------------------------------------------
+
+    def add(self, figure: str, value: str, baseline: str, ratio: str) -> None:
+        self.rows.append((figure, value, baseline, ratio))
+        print(f"  {figure}: {value}  (baseline {baseline}; {ratio})", file=sys.stderr, flush=True)
+
+    def run(self) -> None:
+        quick = self.quick
+        n_throughput = 6_000 if quick else 40_000
+        latency_rate, latency_s = 2000.0, (5.0 if quick else 20.0)
+        big_items, extra = (10_000, 200) if quick else (10_000, 500)
+        progress = sys.stderr
+        started = time.monotonic()
+
+        print(f"[bench] topics prefix {self.settings.topic_prefix}, data {self.tmp}", file=progress, flush=True)
+        self.start_worker()
+        self.start_passthrough()
+
+        print(f"[bench] 1. throughput: {n_throughput} commands over 200 streams", file=progress, flush=True)
+        raw = self.raw_throughput(n_throughput)
+        piped = self.throughput(n_throughput)
+        self.add("sustained appends/s", f"{piped:,.0f} /s", f"raw pass-through {raw:,.0f} /s", _ratio(piped, raw, 0.25))
+
+        print(f"[bench] 2. latency at {latency_rate:.0f}/s for {latency_s:.0f}s", file=progress, flush=True)
+        raw_lat = self.latency(self.raw_topics[0], self.raw_topics[1], latency_rate, latency_s)
+        lat = self.latency(self.topics.appends, self.topics.journal, latency_rate, latency_s)
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            value, base = percentile(lat, q), percentile(raw_lat, q)
+            target = " (target <= 50 ms)" if name == "p99" else ""
+            ratio = f"x{value / base:.1f} of raw" + (f"; {'PASS' if value <= 50 else 'FAIL'}{target}" if target else "")
+            self.add(f"append->journaled {name} @ {latency_rate:.0f}/s", f"{value:.1f} ms", f"raw {base:.1f} ms", ratio)
+        self.notes.append(
+            f"latency: {len(lat)} probes, mean {statistics.fmean(lat):.1f} ms, max {max(lat):.1f} ms "
+            f"(raw: mean {statistics.fmean(raw_lat):.1f} ms, max {max(raw_lat):.1f} ms)"
+        )
+        self.stop_passthrough()
+
+        print(f"[bench] 4. changelog bytes per event at ~10 and ~{big_items} items", file=progress, flush=True)
+        small, small_records = self.changelog_bytes("/bench/small", 10, extra)
+        big, big_records = self.changelog_bytes("/bench/big", big_items, extra)
+        self.add(
+            f"changelog bytes/event @ {big_items:,} items",
+            f"{big:,.0f} B ({big_records:.1f} records)",
+            f"@ 10 items {small:,.0f} B ({small_records:.1f} records)",
+            _ratio(big, small, None, within=0.20),
+        )
+        self.notes.append(
+            f"changelog: {extra} context events appended to one stream holding 10 (-> {10 + extra}) and "
+            f"{big_items:,} (-> {big_items + extra:,}) items; bytes = sum of key + value sizes of the "
+            f"changelog records read back (not on-disk log size)"
+        )
+
+        self.stack.stop_worker()
+        print("[bench] 3. replay of the whole journal", file=progress, flush=True)
+        raw_rate, raw_count = self.raw_consume_rate()
+        rate, events = self.replay_rate()
+        self.add(
+            "replay events/s",
+            f"{rate:,.0f} /s ({events:,} events)",
+            f"raw consume {raw_rate:,.0f} /s",
+            _ratio(rate, raw_rate, 0.5),
+        )
+        if raw_count != events:
+            self.notes.append(f"replay folded {events} events but the raw consume read {raw_count} records")
+        self.notes.append(f"total bench time {time.monotonic() - started:.0f}s; {os.cpu_count()} CPUs")
+
+    def report(self) -> None:
+        headers = ("figure", "value", "baseline", "ratio")
+        widths = [max(len(h), *(len(r[i]) for r in self.rows)) for i, h in enumerate(headers)]
+        line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+        print(line)
+        print("-" * len(line))
+        for row in self.rows:
+            print("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+        for note in self.notes:
+            print(f"note: {note}")
+
+    def close(self) -> None:
+        self.stop_passthrough()
+        self.journal_marks.close()
+        self.producer.flush(10)
+        self.stack.close()
+        admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
+        leftovers = [*self.raw_topics, f"{self.settings.app_id}-__assignor-__leader"]
+        for future in admin.delete_topics(leftovers, operation_timeout=10).values():
+            with contextlib.suppress(Exception):
+                future.result()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _ratio(value: float, baseline: float, target: float | None, within: float | None = None) -> str:
+    ratio = value / baseline if baseline else float("nan")
+    if within is not None:
+        ok = abs(ratio - 1) <= within
+        return f"{ratio:.2f} ({'PASS' if ok else 'FAIL'}: target within {within:.0%})"
+    assert target is not None
+    return f"{ratio:.0%} ({'PASS' if ratio >= target else 'FAIL'}: target >= {target:.0%})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a short run (smaller counts, shorter latency window)")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
+    parser.add_argument("--passthrough", nargs=2, metavar=("SOURCE", "TARGET"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.passthrough:
+        passthrough_main(*args.passthrough)
+        return 0
+    from tests.kafka_stack import ensure_broker
+
+    ensure_broker()
+    bench = Bench(args.quick, args.partitions)
+    try:
+        bench.run()
+    finally:
+        bench.close()
+    bench.report()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
