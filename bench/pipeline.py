@@ -45,7 +45,7 @@ import orjson  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from pipeline.client import watermarks  # noqa: E402
+from pipeline.client import consume_ready, watermarks  # noqa: E402
 from pipeline.replay import replay  # noqa: E402
 from schemas.events import CONTEXT_ADDED  # noqa: E402
 from topics.names import topic_names  # noqa: E402
@@ -161,7 +161,7 @@ def passthrough_main(source: str, target: str) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.is_set():
-        for message in consumer.consume(1000, timeout=0.05):
+        for message in consume_ready(consumer, 1000, 0.05):
             if message.error() is not None:
                 continue
             while True:
@@ -285,7 +285,7 @@ class Bench:
 
         def consume() -> None:
             while not done.is_set():
-                for message in consumer.consume(1000, timeout=0.05):
+                for message in consume_ready(consumer, 1000, 0.05):
                     now = time.perf_counter()
                     value = message.value()
                     if message.error() is not None or not value:
@@ -352,7 +352,7 @@ class Bench:
                 consumer.assign([TopicPartition(self.topics.journal, p, low)])
                 position = low
                 while position < high:
-                    for message in consumer.consume(5000, timeout=1.0):
+                    for message in consume_ready(consumer, 5000, 1.0):
                         if message.error() is None and message.offset() < high:
                             position = message.offset() + 1
                             count += 1
@@ -405,7 +405,7 @@ class Bench:
                 consumer.assign([TopicPartition(topic, p, start)])
                 position = start
                 while position < high:
-                    for message in consumer.consume(5000, timeout=1.0):
+                    for message in consume_ready(consumer, 5000, 1.0):
                         if message.error() is not None or message.offset() >= high:
                             continue
                         position = message.offset() + 1

@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test-support package (tests/)
 
-from pipeline.client import watermarks
+from pipeline.client import consume_ready, watermarks
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
 
@@ -52,7 +52,7 @@ def read_all(topic: str) -> list[tuple[bytes, bytes, int]]:
         records: list[tuple[bytes, bytes, int]] = []
         done: set[int] = set()
         while len(done) < len(ends):
-            for m in consumer.consume(5000, timeout=1.0):
+            for m in consume_ready(consumer, 5000, 1.0):
                 if m.error() is None:
                     records.append((m.key(), m.value(), m.timestamp()[1]))
                     if m.offset() + 1 >= ends[m.partition()]:
@@ -72,10 +72,7 @@ class SettlementFollower:
         self.marker = b'"' + LLM_REQUEST_SETTLED.encode() + b'"'
 
     def poll(self) -> None:
-        first = self.consumer.poll(0.05)
-        if first is None:
-            return
-        for message in [first, *self.consumer.consume(5000, timeout=0)]:
+        for message in consume_ready(self.consumer, 5000, 0.05):
             if message.error() is None and self.marker in message.value():
                 path = message.key().decode()
                 self.settled[path] = self.settled.get(path, 0) + 1

@@ -51,6 +51,18 @@ class AppendResult:
     reason: str | None
 
 
+def consume_ready(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
+    """Up to `max_messages` records, returning as soon as any are there.
+
+    librdkafka's consume(n, timeout) waits the whole timeout whenever fewer than n records are
+    ready; poll() returns at the first record and consume(timeout=0) then takes what is buffered.
+    """
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, timeout=0)]
+
+
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 15.0) -> tuple[int, int]:
     """(low, high) offsets of a partition, retrying while a new topic's leadership settles."""
     deadline = time.monotonic() + timeout
@@ -120,12 +132,9 @@ class _Results:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            # poll() returns at the first record; consume(timeout=0) then takes what is buffered.
-            # (consume() with a timeout would wait that long whenever fewer records are ready.)
-            first = self._consumer.poll(0.1)
-            if first is None:
+            messages = consume_ready(self._consumer, 500, 0.1)
+            if not messages:
                 continue
-            messages = [first, *self._consumer.consume(500, timeout=0)]
             with self._cond:
                 for message in messages:
                     if message.error() is not None:
@@ -298,7 +307,7 @@ class Client:
             deadline = time.monotonic() + timeout
             position = low
             while follow or (position < high and time.monotonic() < deadline):
-                for message in consumer.consume(1000, timeout=0.5):
+                for message in consume_ready(consumer, 1000, 0.5):
                     if message.error() is not None:
                         continue
                     position = message.offset() + 1

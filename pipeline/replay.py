@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from rocksdict import AccessType, Options, Rdict
 from tqdm import tqdm
 
-from pipeline.client import watermarks
+from pipeline.client import consume_ready, watermarks
 from pipeline.journal_processor import PartitionEngine
 from pipeline.partitioner import partition_for
 from pipeline.settings import Settings
@@ -120,7 +120,7 @@ def replay(settings: Settings, out_dir: Path, only_path: str | None = None, prog
                     while position < high:
                         batch: list[tuple[int, bytes, dict[str, bytes]]] = []
                         consumed = 0
-                        for message in consumer.consume(5000, timeout=1.0):
+                        for message in consume_ready(consumer, 5000, 1.0):
                             if message.error() is not None or message.offset() >= high:
                                 continue
                             position = message.offset() + 1

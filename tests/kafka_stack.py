@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.client import Client, watermarks
+from pipeline.client import Client, consume_ready, watermarks
 from pipeline.settings import Settings
 from topics.admin import ensure_topics
 from topics.names import topic_specs
@@ -131,7 +131,7 @@ class Stack:
             deadline = time.monotonic() + timeout
             done: set[int] = set()
             while len(done) < len(ends) and time.monotonic() < deadline:
-                for message in consumer.consume(1000, timeout=0.5):
+                for message in consume_ready(consumer, 1000, 0.5):
                     if message.error() is not None:
                         continue
                     records.append(message)
