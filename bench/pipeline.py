@@ -179,11 +179,12 @@ def passthrough_main(source: str, target: str) -> None:
 
 
 class Bench:
-    def __init__(self, quick: bool, partitions: int) -> None:
+    def __init__(self, quick: bool, partitions: int, latency_rate: float = 2000.0) -> None:
         from tests.kafka_stack import Stack
 
         self.quick = quick
         self.partitions = partitions
+        self.latency_rate = latency_rate
         self.tmp = Path(tempfile.mkdtemp(prefix="agentstream-bench-"))
         self.stack = Stack(self.tmp / "data", partitions=partitions)
         self.settings = self.stack.settings
@@ -424,7 +425,7 @@ class Bench:
     def run(self) -> None:
         quick = self.quick
         n_throughput = 6_000 if quick else 40_000
-        latency_rate, latency_s = 2000.0, (5.0 if quick else 20.0)
+        latency_rate, latency_s = self.latency_rate, (5.0 if quick else 20.0)
         big_items, extra = (10_000, 200) if quick else (10_000, 500)
         progress = sys.stderr
         started = time.monotonic()
@@ -518,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short run (smaller counts, shorter latency window)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
+    parser.add_argument("--rate", type=float, default=2000.0, help="offered load of the latency run (default 2000/s)")
     parser.add_argument("--passthrough", nargs=2, metavar=("SOURCE", "TARGET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.passthrough:
@@ -526,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.kafka_stack import ensure_broker
 
     ensure_broker()
-    bench = Bench(args.quick, args.partitions)
+    bench = Bench(args.quick, args.partitions, args.rate)
     try:
         bench.run()
     finally:
