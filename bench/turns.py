@@ -98,15 +98,18 @@ def main() -> None:
     args = parser.parse_args()
     ensure_broker()
     server, url = start_llm_server()
-    data = Path(tempfile.mkdtemp(prefix="bench-turns-"))
-    stack = Stack(
-        data,
-        partitions=args.partitions,
-        openai_base_url=url,
-        openai_api_key="bench",
-        llm_transport="openai-compatible",
-        llm_model="instant",
-    )
+    try:
+        stack = Stack(
+            Path(tempfile.mkdtemp(prefix="bench-turns-")),
+            partitions=args.partitions,
+            openai_base_url=url,
+            openai_api_key="bench",
+            llm_transport="openai-compatible",
+            llm_model="instant",
+        )
+    except BaseException:
+        server.terminate()
+        raise
     try:
         stack.start_worker()
         stack.start_caller()
