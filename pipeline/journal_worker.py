@@ -51,10 +51,11 @@ class FaustRows:
     time, which stalled the agent at a few hundred events/s.)
     """
 
-    def __init__(self, app: Any, table: Any, partition: int) -> None:
+    def __init__(self, app: Any, table: Any, partition: int, fatal: Any) -> None:
         self.app = app
         self.table = table
         self.partition = partition
+        self.fatal = fatal
         self.changelog: list[tuple[bytes, bytes | None]] = []
         self.in_flight: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (burst, value)
         self.bursts = 0
@@ -99,11 +100,14 @@ class FaustRows:
         for key, value in records:
             last = await send(topic, key, value, self.partition, None, None)
         assert last is not None
-        last.add_done_callback(lambda future: self._apply(burst, records, topic, future))
+        last.add_done_callback(lambda future: self._apply(burst, records, future))
 
-    def _apply(self, burst: int, records: list[tuple[bytes, bytes | None]], topic: str, future: Any) -> None:
+    def _apply(self, burst: int, records: list[tuple[bytes, bytes | None]], future: Any) -> None:
         if future.cancelled() or future.exception() is not None:
-            return  # not in the changelog: the local store must not have it either (the worker exits)
+            # A burst missing from the changelog: applying later bursts would make the local store
+            # something the changelog cannot rebuild. Only a restart (changelog replay) is safe.
+            self.fatal(future.exception() if not future.cancelled() else RuntimeError("changelog send cancelled"))
+            return
         batch = WriteBatch(raw_mode=True)
         for key, value in records:
             if value is None:
@@ -112,8 +116,9 @@ class FaustRows:
                 batch.put(key, value)
             if self.in_flight.get(key, (None,))[0] == burst:
                 del self.in_flight[key]
+        # Faust's recovery offset in the same atomic write as the rows it covers.
+        batch.put(self.table.data.offset_key, str(future.result().offset).encode())
         self._db().write(batch)
-        self.table.data.set_persisted_offset(TP(topic, self.partition), future.result().offset)
 
 
 def build_app(settings: Settings) -> faust.App:
@@ -173,7 +178,7 @@ def build_app(settings: Settings) -> faust.App:
 
             engine = engines[partition] = PartitionEngine(
                 partition,
-                FaustRows(app, table, partition),
+                FaustRows(app, table, partition, crash),
                 names,
                 send,
                 max_cached_streams=settings.max_cached_streams,

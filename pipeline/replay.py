@@ -95,6 +95,7 @@ def replay(settings: Settings, out_dir: Path, only_path: str | None = None, prog
             "enable.auto.commit": False,
             "enable.partition.eof": False,
             "fetch.max.bytes": 64 << 20,
+            "fetch.wait.max.ms": 10,  # partitions are read one after another: do not idle at each switch
             "log_level": 3,
         }
     )

@@ -148,8 +148,8 @@ class Stack:
         self.stop_worker()
         admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
         names = [spec.name for spec in self.specs]
-        changelog = f"{self.settings.app_id}-rows-changelog"
-        futures = admin.delete_topics([*names, changelog], operation_timeout=10)
+        faust_topics = [f"{self.settings.app_id}-rows-changelog", f"{self.settings.app_id}-__assignor-__leader"]
+        futures = admin.delete_topics([*names, *faust_topics], operation_timeout=10)
         for future in futures.values():
             with contextlib.suppress(Exception):  # best effort: the changelog may not exist
                 future.result()
