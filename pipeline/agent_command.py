@@ -7,15 +7,21 @@ import sys
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
-from pipeline.client import AppendError, Client
+from pipeline.client import AppendTimeout, Client
 from pipeline.settings import Settings
 from processors.reducer import fold, fold_all
 from processors.render import TRANSPORTS, projection_json, render_messages
 from processors.state import AgentState
-from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, InvalidPayloadEvent
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, AppendCommand, InvalidPayloadEvent
+from topics.admin import require_topics
+from topics.names import topic_names
 
-EXIT_NOT_FOUND = 4
+PATH_RULE = (
+    "a stream path is '/' followed by segments joined by '/', each 1-128 characters of "
+    "A-Z a-z 0-9 . _ ~ : @ + - and not '.' or '..', at most 512 characters in all (e.g. /agents/support-7)"
+)
 
 _COLOURS = {"user": "32", "assistant": "36", "system": "35", "developer": "33", "error": "31", "turn": "90"}
 
@@ -41,14 +47,37 @@ def event_line(event: Any, colour: bool = False) -> str:
     return _paint(f"{head} {short} {orjson.dumps(payload).decode()}", kind, colour)
 
 
+def check_path(path: str) -> str:
+    """`path` if it is a valid stream path, else a one-line ValueError saying what a valid one is."""
+    try:
+        AppendCommand.model_validate({"streamPath": path, "type": "x", "payload": {}})
+    except ValidationError:
+        shown = repr(path) if len(path) <= 80 else repr(path[:77]) + "..."
+        raise ValueError(f"invalid stream path {shown}: {PATH_RULE}") from None
+    return path
+
+
 def _client() -> Client:
-    return Client(Settings.from_env())
+    """A client, once Kafka answers and has the topics it needs (else one line, exit 3)."""
+    settings = Settings.from_env()
+    names = topic_names(settings.topic_prefix)
+    require_topics(
+        settings.bootstrap_servers,
+        [names.appends, names.results, names.journal],
+        settings.partitions,
+        client_config=settings.kafka_client_config(),
+    )
+    return Client(settings)
+
+
+def _not_found(path: str) -> LookupError:
+    return LookupError(f"no events in {path}: check the path (agentstream agent create prints it)")
 
 
 def _events_or_fail(client: Client, path: str) -> list[Any]:
     events = client.streams.get(path).events()
     if not events:
-        raise LookupError(f"no events in {path}: check the path (agentstream agent create prints it)")
+        raise _not_found(path)
     return events
 
 
@@ -68,14 +97,26 @@ def _say(args: argparse.Namespace) -> int:
         payload["llmRequestPolicy"] = {"behaviour": "interrupt-current-request"}
     elif args.no_trigger:
         payload["llmRequestPolicy"] = {"behaviour": "dont-trigger-request"}
+    check_path(args.path)
     with _client() as client:
-        offset = client.agents.get(args.path).append({"type": CONTEXT_ADDED, "payload": payload}).wait(args.timeout)
+        receipt = client.agents.get(args.path).append({"type": CONTEXT_ADDED, "payload": payload})
+        try:
+            offset = receipt.wait(args.timeout)
+        except AppendTimeout:
+            client.flush(10)  # raises if the append never reached Kafka: then that is the error
+            raise AppendTimeout(
+                f"the append to {args.path} was delivered to Kafka, but no outcome arrived within "
+                f"{args.timeout:g}s; it may still be journaled: check with "
+                f"`agentstream agent tail {args.path} --no-follow`"
+            ) from None
         print(f"@{offset}")
     return 0
 
 
 def _tail(args: argparse.Namespace) -> int:
     colour = sys.stdout.isatty() and not args.json
+    check_path(args.path)
+    printed = 0
     with _client() as client:
         for event in client.iter_journal(args.path, follow=not args.no_follow):
             if args.json:
@@ -83,10 +124,14 @@ def _tail(args: argparse.Namespace) -> int:
                 print(envelope.model_dump_json(exclude_none=True), flush=True)
             else:
                 print(event_line(event, colour), flush=True)
+            printed += 1
+    if not printed:  # only reached without --follow: following waits for the first event
+        raise _not_found(args.path)
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
+    check_path(args.path)
     with _client() as client:
         state = fold_all(AgentState(), _events_or_fail(client, args.path))
         if args.json:
@@ -99,6 +144,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _request(args: argparse.Namespace) -> int:
+    check_path(args.path)
     with _client() as client:
         events = _events_or_fail(client, args.path)
         requests = [e for e in events if e.type == LLM_REQUEST_REQUESTED and not isinstance(e, InvalidPayloadEvent)]
@@ -154,6 +200,3 @@ def register(commands: Any) -> None:
     request.add_argument("--offset", type=int, metavar="R")
     request.add_argument("--transport", choices=TRANSPORTS)
     request.set_defaults(run=_request)
-
-
-ERRORS: tuple[type[Exception], ...] = (AppendError, LookupError, ValueError)

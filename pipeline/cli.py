@@ -1,7 +1,9 @@
 """The `agentstream` command line: one entry point, `--help` on every command.
 
-Exit codes: 0 success, 1 a check found differences, 2 bad input or configuration, 3 Kafka
-unreachable or misconfigured, 4 no such stream or request, 130 interrupted.
+Exit codes: 0 success, 1 a check found differences (`replay --verify`; the demo's turn did not
+succeed), 2 bad input or configuration, 3 Kafka unreachable or misconfigured (missing topics, a
+failed delivery, no outcome from the journal worker within the timeout), 4 no such stream or
+request, 130 interrupted. Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -12,18 +14,27 @@ from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException
+from pydantic import ValidationError
 
 from pipeline import agent_command, demo, fold_command, local_stack, replay
+from pipeline.client import AppendError, AppendRejected
+from pipeline.gateway import cli as gateway_cli
 from pipeline.settings import Settings, SettingsError
+from topics.admin import KafkaSetupError
 
+EXIT_DIFFERENT = 1
 EXIT_USAGE = 2
 EXIT_KAFKA = 3
+EXIT_NOT_FOUND = 4
+EXIT_INTERRUPTED = 130
 
 
 def _worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.kind == "journal":
         from pipeline.journal_worker import run
+    elif args.kind == "router":
+        from pipeline.router import run
     else:
         from pipeline.llm_caller import run
     run(settings)
@@ -31,14 +42,14 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _topics_ensure(args: argparse.Namespace) -> int:
-    from topics.admin import TopicMismatchError, ensure_topics
+    from topics.admin import ensure_topics
     from topics.names import topic_specs
 
     settings = Settings.from_env()
     specs = topic_specs(settings.topic_prefix, settings.partitions, settings.replication_factor)
     try:
         created = ensure_topics(settings.bootstrap_servers, specs, client_config=settings.kafka_client_config())
-    except TopicMismatchError as error:
+    except KafkaSetupError as error:  # the list of mismatches stays one line per topic
         print(f"agentstream topics ensure: {error}", file=sys.stderr)
         return EXIT_KAFKA
     for spec in specs:
@@ -58,12 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(commands)
     local_stack.register(commands)
     agent_command.register(commands)
+    gateway_cli.register(commands)
 
     worker = commands.add_parser("worker", help="run a worker in the foreground")
     worker.add_argument(
         "kind",
-        choices=["journal", "caller"],
-        help="journal: the journal processor (Faust); caller: answers llm-requests through the OpenAI SDK",
+        choices=["journal", "caller", "router"],
+        help="journal: the journal processor (Faust); caller: answers llm-requests through the OpenAI SDK; "
+        "router: routes events of subscribed streams to their subscribers (Faust)",
     )
     worker.set_defaults(run=_worker)
 
@@ -74,31 +87,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(error: BaseException | str) -> str:
+    """An error as one line: pydantic's multi-line report (with its URLs) folded into `field: problem; ...`."""
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc']) or 'input'}: {problem['msg']}"
+            for problem in error.errors(include_url=False)
+        )
+    return " ".join(str(error).split())
+
+
+def _fail(error: BaseException | str, code: int, what: str = "") -> int:
+    print(f"agentstream: {what}{one_line(error)}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     run: Any = args.run
     try:
         return int(run(args))
-    except SettingsError as error:
-        print(f"agentstream: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except LookupError as error:
-        print(f"agentstream: {error}", file=sys.stderr)
-        return agent_command.EXIT_NOT_FOUND
-    except agent_command.ERRORS as error:
-        print(f"agentstream: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except local_stack.StackError as error:
-        print(f"agentstream: {error}", file=sys.stderr)
-        return EXIT_KAFKA
-    except KafkaException as error:
-        print(f"agentstream: Kafka error: {error.args[0].str() if error.args else error}", file=sys.stderr)
-        return EXIT_KAFKA
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    except SettingsError as error:
+        return _fail(error, EXIT_USAGE)
+    except LookupError as error:
+        return _fail(error, EXIT_NOT_FOUND)
+    except AppendRejected as error:  # the journal said no: the input is at fault
+        return _fail(error, EXIT_USAGE)
+    except (AppendError, KafkaSetupError, local_stack.StackError) as error:
+        return _fail(error, EXIT_KAFKA)
+    except KafkaException as error:
+        return _fail(error.args[0].str() if error.args else error, EXIT_KAFKA, "Kafka error: ")
+    except ValueError as error:  # pydantic's ValidationError included
+        return _fail(error, EXIT_USAGE)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ come back on `agent-append-results`, which one background consumer per client fo
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -21,14 +22,26 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from pydantic import ValidationError
 
 from pipeline import base_policy
 from pipeline.partitioner import partition_for
 from pipeline.settings import Settings
-from schemas.events import AGENT_CREATED, CONTEXT_ADDED, AppendCommand, decode_event, parse_consumed_input
+from schemas.events import (
+    AGENT_CREATED,
+    CONTEXT_ADDED,
+    AppendCommand,
+    decode_event,
+    describe_validation_error,
+    parse_consumed_input,
+    worker_only_reason,
+)
+from schemas.outcomes import AppendOutcome
+from topics.admin import quiet_librdkafka
 from topics.names import topic_names
+
+log = logging.getLogger("agentstream.client")
 
 
 class AppendError(Exception):
@@ -107,12 +120,13 @@ class _Results:
 
     def __init__(self, settings: Settings, topic: str) -> None:
         self._consumer = Consumer(
-            {
-                **settings.kafka_client_config(),
-                "group.id": f"agentstream-client-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "log_level": 3,
-            }
+            quiet_librdkafka(
+                {
+                    **settings.kafka_client_config(),
+                    "group.id": f"agentstream-client-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                }
+            )
         )
         metadata = self._consumer.list_topics(topic, timeout=10).topics[topic]
         if metadata.error is not None:
@@ -126,6 +140,7 @@ class _Results:
         self._expected: OrderedDict[str, None] = OrderedDict()
         self._results: dict[str, AppendResult] = {}
         self._cond = threading.Condition()
+        self._warned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentstream-results", daemon=True)
         self._thread.start()
@@ -139,10 +154,23 @@ class _Results:
                 for message in messages:
                     if message.error() is not None:
                         continue
-                    body = orjson.loads(message.value())
-                    if body["appendId"] in self._expected:
-                        self._results[body["appendId"]] = AppendResult(
-                            body["appendId"], body["status"], body.get("offset"), body.get("reason")
+                    try:
+                        outcome = AppendOutcome.model_validate_json(message.value() or b"")
+                    except ValidationError:
+                        # Anyone who can write the topic can write garbage; it must not stop
+                        # every waiting client, so it is skipped (and said once).
+                        if not self._warned:
+                            self._warned = True
+                            log.warning(
+                                "%s partition %d offset %d is not an append outcome; skipping such records",
+                                message.topic(),
+                                message.partition(),
+                                message.offset(),
+                            )
+                        continue
+                    if outcome.appendId in self._expected:
+                        self._results[outcome.appendId] = AppendResult(
+                            outcome.appendId, outcome.status, outcome.offset, outcome.reason
                         )
                 self._cond.notify_all()
 
@@ -159,8 +187,11 @@ class _Results:
             while append_id not in self._results:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    # Only the wait ran out: the append may be journaled yet (a busy, restarting or
+                    # stopped journal worker looks the same from here), so claim no cause.
                     raise AppendTimeout(
-                        f"append {append_id} has no outcome after {timeout:.0f}s: is the journal worker running?"
+                        f"append {append_id} was sent but no outcome arrived within {timeout:g}s; it may still "
+                        "be journaled: check with `agentstream agent tail <stream path> --no-follow`"
                     )
                 self._cond.wait(remaining)
             self._expected.pop(append_id, None)
@@ -235,18 +266,28 @@ class Streams:
 
 
 class Client:
-    def __init__(self, settings: Settings | None = None) -> None:
+    """The door to the journal.
+
+    `internal=True` is for the workers only: their commands (model answers, request bookkeeping,
+    compaction summaries) go to `agent-internal-appends`, the one topic the journal accepts those
+    event types from. Every other client appends to `agent-appends`.
+    """
+
+    def __init__(self, settings: Settings | None = None, *, internal: bool = False) -> None:
         self.settings = settings or Settings.from_env()
         self.topics = topic_names(self.settings.topic_prefix)
+        self.internal = internal
+        self._command_topic = self.topics.internal_appends if internal else self.topics.appends
         self._producer = Producer(
-            {
-                **self.settings.kafka_client_config(),
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 2,
-                "partitioner": "murmur2_random",  # Java/aiokafka-compatible: same partition everywhere
-                "log_level": 3,
-            }
+            quiet_librdkafka(
+                {
+                    **self.settings.kafka_client_config(),
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 2,
+                    "partitioner": "murmur2_random",  # Java/aiokafka-compatible: same partition everywhere
+                }
+            )
         )
         self._results = _Results(self.settings, self.topics.results)
         self._delivery_error: KafkaError | None = None
@@ -255,17 +296,25 @@ class Client:
 
     def _send(self, path: str, raw: dict[str, Any]) -> Receipt:
         append_id = uuid.uuid4().hex
-        command = AppendCommand.model_validate({**raw, "streamPath": path, "appendId": append_id})
+        try:
+            command = AppendCommand.model_validate({**raw, "streamPath": path, "appendId": append_id})
+        except ValidationError as error:
+            raise ValueError(describe_validation_error(error, raw.get("type"))) from None
+        if not self.internal:
+            forbidden = worker_only_reason(command.type, command.payload)
+            if forbidden is not None:
+                raise AppendRejected(f"append to {path} refused: {forbidden}")
+        value = command.model_dump_json(exclude_none=True).encode()
+        if len(value) > self.settings.max_event_bytes:
+            raise AppendRejected(
+                f"append to {path} refused: too_large: the command is {len(value)} bytes, over maxEventBytes "
+                f"({self.settings.max_event_bytes}); keep bulky data in a referenced event or a file"
+            )
         self._results.expect(append_id)
-        self._producer.produce(
-            self.topics.appends,
-            key=path.encode(),
-            value=command.model_dump_json(exclude_none=True).encode(),
-            on_delivery=self._on_delivery,
-        )
+        self._producer.produce(self._command_topic, key=path.encode(), value=value, on_delivery=self._on_delivery)
         self._producer.poll(0)
         if self._delivery_error is not None:
-            raise AppendError(f"could not write to {self.topics.appends}: {self._delivery_error}")
+            raise AppendError(f"could not write to {self._command_topic}: {self._delivery_error}")
         return Receipt(self, append_id, path)
 
     def _on_delivery(self, error: KafkaError | None, _message: Any) -> None:
@@ -277,7 +326,7 @@ class Client:
         if self._producer.flush(timeout) > 0:
             raise AppendError(f"appends not delivered to Kafka within {timeout:.0f}s")
         if self._delivery_error is not None:
-            raise AppendError(f"could not write to {self.topics.appends}: {self._delivery_error}")
+            raise AppendError(f"could not write to {self._command_topic}: {self._delivery_error}")
 
     def _read_journal(self, path: str, timeout: float) -> list[Any]:
         return list(self.iter_journal(path, follow=False, timeout=timeout))
@@ -290,12 +339,13 @@ class Client:
         """
         partition = partition_for(path, self.settings.partitions)
         consumer = Consumer(
-            {
-                **self.settings.kafka_client_config(),
-                "group.id": "agentstream-reader",
-                "enable.auto.commit": False,
-                "log_level": 3,
-            }
+            quiet_librdkafka(
+                {
+                    **self.settings.kafka_client_config(),
+                    "group.id": "agentstream-reader",
+                    "enable.auto.commit": False,
+                }
+            )
         )
         try:
             tp = TopicPartition(self.topics.journal, partition)

@@ -9,6 +9,7 @@ started. Logs of the workers go to .local/logs/.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -84,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
         with Client(settings) as client:
             return converse(client, args.text, args.timeout)
     except local_stack.StackError as error:
-        _say(f"agentstream demo: {error}")
-        return 2
+        print(f"agentstream demo: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+        return 3  # the local stack (broker, model, workers) could not be started
     finally:
         if started:
             _say("stopping what the demo started:")

@@ -9,8 +9,17 @@ acknowledged by Kafka, in order. Therefore:
   does not back), and the committed `agent-appends` offset never passes an unjournaled command;
 - after a crash the rows lag the journal by at most the queue; `catch_up` re-folds the journal
   tail past the recorded position (the `p` row) before the partition takes new commands;
-- a re-delivered command is recognised by its source offset (recorded per stream, also in each
-  journal record's headers) or its append id, and journaled once.
+- a re-delivered command is recognised by its source offset (recorded per stream and command
+  topic, also in each journal record's headers) or its append id, and journaled once; its outcome
+  is published again, so a client waiting on it never times out;
+- a command is acknowledged only once the records that follow its journal record (its result, a
+  request body) are delivered too, and catch-up publishes the results of the events it re-folds;
+- nothing a command holds can stop the partition: any failure while deciding it sends it to the
+  dead-letter topic as `internal_error` and the stream's state is reloaded from its rows. Only a
+  failure to produce or store (Kafka or RocksDB I/O) stops the worker.
+
+Two command topics feed one writer: `agent-appends` (anyone) and `agent-internal-appends` (the
+workers only; co-partitioned). Events that only the workers may write are refused on the first.
 
 The Faust wiring lives in `pipeline.journal_worker`; this module needs only a `RowTable` (the
 partition's rows: read a key, scan a prefix, write a row), a producer and a journal reader.
@@ -36,7 +45,7 @@ from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import Transport, render_messages
 from processors.scheduler import decide
-from processors.state import AgentState
+from processors.state import AgentState, SourceOffsets
 from schemas.events import (
     CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
@@ -47,13 +56,18 @@ from schemas.events import (
     InvalidPayloadEvent,
     decode_event,
     describe_validation_error,
+    worker_only_reason,
 )
+from schemas.limits import DEFAULT_MAX_EVENT_BYTES
+from schemas.outcomes import AppendOutcome, AppendStatus
 
 log = logging.getLogger("agentstream.journal")
 
 # Kafka record headers carried by journal records (and DLQ records).
 H_APPEND_ID = "append-id"
 H_SOURCE_OFFSET = "source-offset"
+H_SOURCE_TOPIC = "source-topic"  # on journal records: "internal" for agent-internal-appends, absent otherwise
+INTERNAL = b"internal"
 H_REASON = "reason"
 H_TICK = "agentstream-tick"
 
@@ -85,16 +99,26 @@ class Command:
     value: bytes
     headers: dict[str, bytes]
     ack: Callable[[], Any]
+    internal: bool = False  # read from agent-internal-appends (only the workers produce there)
 
 
 @dataclass(slots=True)
 class StreamEntry:
     state: AgentState
-    source_offset: int  # agent-appends offset of the last command journaled for this stream
+    sources: SourceOffsets  # how far this stream's commands are journaled, per command topic
     # The last opened request's messages: a compaction resends them byte for byte.
     last_request: tuple[int, list[dict[str, Any]]] | None = None
     # Scheduler commands sent but not yet journaled (idempotency key -> sent at, ms).
     sent: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Decision:
+    """What handling one command produces: its pending entry, plus what to write to Kafka."""
+
+    pending: Pending
+    journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers
+    reject_reason: str | None = None  # set: the command goes to the dead-letter topic
 
 
 @dataclass(slots=True)
@@ -136,6 +160,7 @@ class PartitionEngine:
         default_model: str = "smollm2",
         transport: Transport = "openai-compatible",
         max_pending: int = 2000,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         fatal: Callable[[BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
@@ -150,6 +175,7 @@ class PartitionEngine:
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending
+        self.max_event_bytes = max_event_bytes
         self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
         self.overlay: dict[bytes, bytes | None] = {}  # rows decided but not yet stored
         self.overlay_owner: dict[bytes, Pending] = {}
@@ -175,13 +201,26 @@ class PartitionEngine:
             return entry
         meta = self.read(rows.meta_key(path))
         if meta is None:
-            entry = StreamEntry(AgentState(stream_path=path), -1)
+            entry = StreamEntry(AgentState(stream_path=path), SourceOffsets())
         else:
-            state, source_offset = rows.load_state(meta, self.table.scan(rows.items_prefix(path)))
-            entry = StreamEntry(state, source_offset)
+            state, sources = rows.load_state(meta, self._scan(rows.items_prefix(path)))
+            entry = StreamEntry(state, sources)
         self.streams[path] = entry
         self._evict()
         return entry
+
+    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Stored rows under `prefix` with the rows decided but not yet stored laid over them."""
+        staged = {key: value for key, value in self.overlay.items() if key.startswith(prefix)}
+        if not staged:
+            yield from self.table.scan(prefix)
+            return
+        merged: dict[bytes, bytes | None] = dict(self.table.scan(prefix))
+        merged.update(staged)
+        for key in sorted(merged):
+            value = merged[key]
+            if value is not None:
+                yield key, value
 
     def _evict(self) -> None:
         # A stream with rows still queued stays cached: its state is ahead of the store.
@@ -236,8 +275,8 @@ class PartitionEngine:
             self._store(pending)
             if pending.delivery is not None:
                 position = pending.delivery.result().offset
-            for topic, key, value in pending.after:
-                await self.send(topic, key, value, [])
+            deliveries = [await self.send(topic, key, value, []) for topic, key, value in pending.after]
+            self._ack_when_delivered(pending.command, deliveries)
             stored += 1
         if position is not None:
             # Once per batch, after every row it covers: recovery re-folds the journal past it.
@@ -255,13 +294,31 @@ class PartitionEngine:
             if self.overlay_owner.get(key) is pending:
                 del self.overlay_owner[key]
                 del self.overlay[key]
-        pending.command.ack()
+
+    def _ack_when_delivered(self, command: Command, deliveries: list[Awaitable[Any]]) -> None:
+        """Acknowledge a command once what follows its journal record is in Kafka too: a crash
+        before that redelivers the command, whose outcome is then published again."""
+        if not deliveries:
+            command.ack()
+            return
+
+        def delivered(future: asyncio.Future[Any]) -> None:
+            error = future.exception() if not future.cancelled() else RuntimeError("delivery cancelled")
+            if error is not None:
+                if self.fatal is None:
+                    raise error
+                self.fatal(error)  # an outcome the journal promised is lost: restart and republish
+                return
+            command.ack()
+
+        asyncio.gather(*deliveries).add_done_callback(delivered)
 
     # --- commands ------------------------------------------------------------------------------
 
     async def handle(self, command: Command) -> None:
         self.handled += 1
-        self.last_offset = command.offset
+        if not command.internal:
+            self.last_offset = command.offset
         if self.handled % heap.SETTLE_EVERY == 0:
             heap.settle()
         if len(self.queue) >= self.max_pending:
@@ -271,44 +328,116 @@ class PartitionEngine:
             command.ack()
             return
         try:
+            decision = self._decide(command)
+        except Exception as error:  # nothing a command holds may stop the partition
+            decision = self._internal_error(command, error)
+        await self._carry_out(command, decision)
+
+    def _decide(self, command: Command) -> Decision:
+        """Everything about one command that is not I/O: validate, dedupe, journal, fold."""
+        size = len(command.value)
+        if size > self.max_event_bytes:
+            return self._rejection(
+                command,
+                None,
+                f"too_large: the command is {size} bytes, over maxEventBytes ({self.max_event_bytes}); "
+                "keep bulky data in a referenced event or a file",
+            )
+        try:
             append = AppendCommand.model_validate_json(command.value)
         except ValidationError as error:
-            await self._reject(command, None, "not an append command: " + describe_validation_error(error))
-            return
+            return self._rejection(command, None, "not an append command: " + describe_validation_error(error))
         misrouted = self._misrouted(command, append.streamPath)
         if misrouted is not None:
-            await self._reject(command, append, misrouted)
-            return
+            return self._rejection(command, append, misrouted)
+        if not command.internal:
+            forbidden = worker_only_reason(append.type, append.payload)
+            if forbidden is not None:
+                return self._rejection(command, append, forbidden)
         entry = self.entry(append.streamPath)
-        if command.offset <= entry.source_offset:
+        if entry.sources.covers(command.internal, command.offset):
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
-            self._stage(Pending(command, None, []))
-            return
+            pending = Pending(command, None, [])
+            self._republish(pending, append)
+            return Decision(pending)
         state = entry.state
         was_open, was_paused = state.open, state.paused
+        sources = entry.sources.advanced(command.internal, command.offset)
         started = time.perf_counter()
-        outcome = journal_command(state, append, now_ms=self.clock_ms(), source_offset=command.offset, read=self.read)
+        outcome = journal_command(state, append, now_ms=self.clock_ms(), sources=sources, read=self.read)
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         if isinstance(outcome, Journaled):
-            entry.source_offset = command.offset
+            entry.sources = sources
             _observe(outcome.event, state, was_open, was_paused)
             headers = [(H_SOURCE_OFFSET, str(command.offset).encode())]
+            if command.internal:
+                headers.append((H_SOURCE_TOPIC, INTERNAL))
             if append.appendId is not None:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
-            delivery = await self.send(self.topics.journal, command.key, outcome.record, headers)
-            pending = Pending(command, delivery, outcome.rows)
+            pending = Pending(command, None, outcome.rows)
             self._result(pending, append, "journaled", outcome.event.offset)
             self._after_fold(entry, outcome.event, pending)
-            self._stage(pending)
-        elif isinstance(outcome, Duplicate):
+            return Decision(pending, journal=(outcome.record, headers))
+        if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
             pending = Pending(command, None, [])
             self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
-            self._stage(pending)
-        else:
-            assert isinstance(outcome, Rejected)
-            await self._reject(command, append, outcome.reason)
+            return Decision(pending)
+        assert isinstance(outcome, Rejected)
+        return self._rejection(command, append, outcome.reason)
+
+    def _internal_error(self, command: Command, error: Exception) -> Decision:
+        """A bug or an input nobody foresaw: dead-letter the command, keep the partition going.
+
+        The failure may have struck halfway through a fold, so the stream's cached state is
+        dropped; it reloads from its rows (stored and staged), which never hold a half-applied event.
+        """
+        log.exception(
+            "partition %d offset %d: internal error while handling a command", command.partition, command.offset
+        )
+        path = command.key.decode(errors="replace") if command.key else None
+        if path is not None:
+            self.streams.pop(path, None)
+        append = None
+        try:
+            append = AppendCommand.model_validate_json(command.value)
+        except Exception:  # the result needs the append id; without one nobody waits
+            append = None
+        return self._rejection(command, append, f"internal_error: {type(error).__name__}: {error}")
+
+    def _rejection(self, command: Command, append: AppendCommand | None, reason: str) -> Decision:
+        pending = Pending(command, None, [])
+        if append is not None:
+            self._result(pending, append, "rejected", None, reason)
+        return Decision(pending, reject_reason=reason)
+
+    def _republish(self, pending: Pending, append: AppendCommand) -> None:
+        """The outcome of a redelivered, already journaled command, for a client still waiting."""
+        if append.appendId is None:
+            return
+        offset = self.read(rows.append_id_key(append.streamPath, append.appendId))
+        if offset is not None:
+            self._result(pending, append, "journaled", int(offset))
+
+    async def _carry_out(self, command: Command, decision: Decision) -> None:
+        """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
+        pending = decision.pending
+        if decision.reject_reason is not None:
+            reason = decision.reject_reason
+            metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
+            log.warning("partition %d offset %d rejected: %s", command.partition, command.offset, reason[:500])
+            headers = [
+                (H_REASON, reason.encode()),
+                ("source-topic", (self.topics.internal_appends if command.internal else self.topics.appends).encode()),
+                ("source-partition", str(command.partition).encode()),
+                (H_SOURCE_OFFSET, str(command.offset).encode()),
+            ]
+            pending.dlq_delivery = await self.send(self.topics.dlq, command.key, command.value, headers)
+        if decision.journal is not None:
+            record, headers = decision.journal
+            pending.delivery = await self.send(self.topics.journal, command.key, record, headers)
+        self._stage(pending)
 
     def _misrouted(self, command: Command, path: str) -> str | None:
         """One writer per stream holds only if every command of a stream lands on its partition."""
@@ -322,31 +451,18 @@ class PartitionEngine:
         return None
 
     def _result(
-        self, pending: Pending, append: AppendCommand, status: str, offset: int | None, reason: str | None = None
+        self,
+        pending: Pending,
+        append: AppendCommand,
+        status: AppendStatus,
+        offset: int | None,
+        reason: str | None = None,
     ) -> None:
-        if append.appendId is None:
-            return
-        body: dict[str, Any] = {"appendId": append.appendId, "streamPath": append.streamPath, "status": status}
-        if offset is not None:
-            body["offset"] = offset
-        if reason is not None:
-            body["reason"] = reason
-        pending.after.append((self.topics.results, append.streamPath.encode(), orjson.dumps(body)))
-
-    async def _reject(self, command: Command, append: AppendCommand | None, reason: str) -> None:
-        metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
-        log.warning("partition %d offset %d rejected: %s", command.partition, command.offset, reason)
-        headers = [
-            (H_REASON, reason.encode()),
-            ("source-topic", self.topics.appends.encode()),
-            ("source-partition", str(command.partition).encode()),
-            (H_SOURCE_OFFSET, str(command.offset).encode()),
-        ]
-        pending = Pending(command, None, [])
-        pending.dlq_delivery = await self.send(self.topics.dlq, command.key, command.value, headers)
-        if append is not None:
-            self._result(pending, append, "rejected", None, reason)
-        self._stage(pending)
+        if append.appendId is not None:
+            outcome = AppendOutcome(
+                appendId=append.appendId, streamPath=append.streamPath, status=status, offset=offset, reason=reason
+            )
+            pending.after.append((self.topics.results, append.streamPath.encode(), outcome.encode()))
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -357,8 +473,13 @@ class PartitionEngine:
         entry.sent.pop(event.idempotencyKey or "", None)
         open_request = state.open
         if event.type == LLM_REQUEST_REQUESTED and open_request is not None and open_request.offset == event.offset:
+            from processors.render import DEFAULT_BUDGET
+
+            # The record must fit llm-requests whatever the projection holds: render within the
+            # engine's `render_budget` (the worker's `settings.render_budget`), else the default.
+            budget = getattr(self, "render_budget", DEFAULT_BUDGET)
             with metrics.RENDER_SECONDS.time():
-                messages = render_messages(state, self.transport, event.createdAt)
+                messages = render_messages(state, self.transport, event.createdAt, budget)
             entry.last_request = (event.offset, messages)
             record = {
                 "kind": "call",
@@ -457,11 +578,17 @@ class PartitionEngine:
         value = self.table.get(rows.position_key(self.partition))
         return -1 if value is None else int(value)
 
-    def catch_up(self, records: Iterable[tuple[int, bytes, dict[str, bytes]]]) -> int:
+    def catch_up(
+        self,
+        records: Iterable[tuple[int, bytes, dict[str, bytes]]],
+        outcomes: list[tuple[str, bytes, bytes]] | None = None,
+    ) -> int:
         """Re-fold journal records (kafka offset, value, headers) past the recorded position.
 
         Events a stream's rows already hold are skipped; the rest are folded and stored exactly as
-        the live path would have stored them.
+        the live path would have stored them. With `outcomes`, the result record of every
+        re-folded event that a client may wait for is added to it (the worker may have died
+        before publishing it); replay passes none.
         """
         refolded = 0
         position = None
@@ -475,7 +602,8 @@ class PartitionEngine:
             entry = self.entry(event.streamPath)
             if event.offset <= entry.state.cursor:
                 continue
-            source_offset = int(headers.get(H_SOURCE_OFFSET, b"-1"))
+            internal = headers.get(H_SOURCE_TOPIC) == INTERNAL
+            sources = entry.sources.advanced(internal, int(headers.get(H_SOURCE_OFFSET, b"-1")))
             append_id = headers[H_APPEND_ID].decode() if H_APPEND_ID in headers else None
             digest = None
             if event.idempotencyKey is not None:
@@ -487,10 +615,15 @@ class PartitionEngine:
                     event.streamPath,
                     event.reason,
                 )
-            changed = apply_event(entry.state, event, source_offset, append_id, digest)
-            entry.source_offset = max(entry.source_offset, source_offset)
+            changed = apply_event(entry.state, event, sources, append_id, digest)
+            entry.sources = sources
             for key, row_value in changed:
                 self.table.put(key, row_value)
+            if outcomes is not None and append_id is not None:
+                outcome = AppendOutcome(
+                    appendId=append_id, streamPath=event.streamPath, status="journaled", offset=event.offset
+                )
+                outcomes.append((self.topics.results, event.streamPath.encode(), outcome.encode()))
             refolded += 1
         if position is not None:
             self.table.put(rows.position_key(self.partition), str(position).encode())

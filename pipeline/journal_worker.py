@@ -30,7 +30,7 @@ from rocksdict import WriteBatch
 from pipeline import metrics
 from pipeline.journal_processor import H_TICK, Command, PartitionEngine
 from pipeline.settings import Settings
-from topics.names import topic_names
+from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
 log = logging.getLogger("agentstream.journal")
 
@@ -135,12 +135,19 @@ def build_app(settings: Settings) -> faust.App:
         topic_allow_declare=True,  # the changelog topic; our own topics exist already (topics ensure)
         web_enabled=settings.worker_port > 0,
         web_port=settings.worker_port or 6066,
-        web_bind="0.0.0.0",
+        web_bind=settings.worker_bind,  # loopback unless AGENTSTREAM_WORKER_BIND says otherwise
+        # The web server serves status only: Faust's /table views would hand out every row
+        # (every agent's context) unauthenticated, and /router the cluster's layout. `/` stays
+        # ({"status": "OK"}); stats and graph stay off (they follow `debug`, which is off).
+        web_tables_enabled=False,
+        web_router_enabled=False,
         producer_acks=-1,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=1.0,
         consumer_group_instance_id=settings.worker_instance_id,
         producer_linger_ms=5,  # batches the journal, changelog and result records of a burst
+        # aiokafka refuses records over 1 MB by default; a request body may be up to the topic's limit.
+        producer_max_request_size=LLM_REQUESTS_MAX_MESSAGE_BYTES,
         stream_wait_empty=False,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
@@ -148,6 +155,8 @@ def build_app(settings: Settings) -> faust.App:
         value_serializer="raw",
     )
     appends = app.topic(names.appends, partitions=settings.partitions, **RAW)
+    # One agent reads both command topics (co-partitioned): partition p of each feeds engine p.
+    commands = app.topic(names.appends, names.internal_appends, partitions=settings.partitions, **RAW)
     table = app.Table(
         ROWS_TABLE,
         partitions=settings.partitions,
@@ -183,6 +192,7 @@ def build_app(settings: Settings) -> faust.App:
                 send,
                 max_cached_streams=settings.max_cached_streams,
                 partitions=settings.partitions,
+                max_event_bytes=settings.max_event_bytes,
                 fatal=crash,
                 default_model=settings.default_model,
                 transport=settings.transport,
@@ -210,8 +220,12 @@ def build_app(settings: Settings) -> faust.App:
             while True:
                 batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
                 records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
-                refolded += engine.catch_up(records)
+                outcomes: list[tuple[str, bytes, bytes]] = []
+                refolded += engine.catch_up(records, outcomes)
                 await engine.table.commit()
+                # The worker that journaled these may have died before publishing their results.
+                for topic, key, value in outcomes:
+                    await app.producer.send(topic, key, value, engine.partition, None, None)
                 if records and records[-1][0] + 1 >= end:
                     break
             log.info(
@@ -226,7 +240,7 @@ def build_app(settings: Settings) -> faust.App:
         finally:
             await consumer.stop()
 
-    @app.agent(appends, name="journal")
+    @app.agent(commands, name="journal")
     async def journal(stream: Any) -> None:
         async for event in stream.noack().events():
             message = event.message
@@ -243,6 +257,7 @@ def build_app(settings: Settings) -> faust.App:
                         value=message.value or b"",
                         headers=dict(headers.items() if isinstance(headers, dict) else headers),
                         ack=event.ack,
+                        internal=message.topic == names.internal_appends,
                     )
                 )
             except Exception as error:
@@ -256,7 +271,9 @@ def build_app(settings: Settings) -> faust.App:
             if not engine.caught_up:
                 continue
             for path, command in engine.due_commands(now_ms):
-                await app.producer.send(names.appends, path.encode(), orjson.dumps(command), partition, None, None)
+                await app.producer.send(
+                    names.internal_appends, path.encode(), orjson.dumps(command), partition, None, None
+                )
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:

@@ -18,6 +18,15 @@ unfinished record and repeats its call; the idempotency keys (derived from the r
 make the journal answer the second set of appends as duplicates, or keep the first body when a
 repeated call produced different text (logged at info, never an error).
 
+Context overflow. A call the provider refuses for exceeding the model's context window is not
+retried as it is: its history is summarized (§4.5), leaving out the oldest history messages until
+the summary call fits, and the summary item (replacing history through R, key
+`agent/compact-context@overflow-<R>`) is appended before R's failed settlement, whose retry then
+answers from the compacted context. If no summary call fits, only the failed settlement goes out.
+
+Secrets. Provider error text is scrubbed of the configured API key and of anything shaped like a
+credential before it is appended or logged (`processors.llm_outcomes.scrub`).
+
 Cancel. A `cancel` record for the call running in its stream's lane cancels that task, which
 closes the HTTP connection (so a streaming provider stops generating); the task's completion then
 appends the partial output (if any) and the cancelled settlement. A cancel for a call still waiting
@@ -41,6 +50,7 @@ import logging
 import signal
 import threading
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,7 +67,7 @@ from pipeline import metrics
 from pipeline.client import AppendError, Client, Receipt
 from pipeline.settings import Settings
 from processors import llm_outcomes as outcomes
-from schemas.requests import CallRequest, CancelRequest, CompactRequest, LlmRequestRecord
+from schemas.requests import CallRequest, CancelRequest, CompactRequest, LlmRequestRecord, Message, Transport
 from topics.names import topic_names
 
 log = logging.getLogger("agentstream.caller")
@@ -106,11 +116,24 @@ class Lane:
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    status: str  # succeeded | failed | expired
+    status: str  # succeeded | failed | expired | overflow (a call over the context window, see `summary`)
     text: str = ""
     usage: dict[str, int] | None = None
     error: str = ""
     duration_ms: int = 0
+    summary: Summary | None = None  # the summary call that fitted (compactions, overflows)
+    summary_error: str = ""  # overflow: why no summary call fitted
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    call: outcomes.SummaryCall
+    text: str
+    usage: dict[str, int] | None
+
+
+class SummaryFailed(Exception):
+    """No summary call was answered; the text says why (scrubbed)."""
 
 
 class PartitionProgress:
@@ -181,8 +204,9 @@ def _provider_message(error: openai.APIStatusError) -> str:
     return message.split(" - ", 1)[1] if " - " in message else (message or "no details")
 
 
-def describe_error(error: BaseException, timeout_s: float) -> str:
-    """One line a person can act on; never a traceback."""
+def describe_error(error: BaseException, timeout_s: float, secrets: tuple[str | None, ...] = ()) -> str:
+    """One line a person can act on; never a traceback, never a credential (`secrets`: the
+    configured API key; credential-shaped text goes too)."""
     if isinstance(error, openai.APIStatusError):
         text = f"HTTP {error.status_code} from the provider: {_provider_message(error)}"
     elif isinstance(error, (openai.APITimeoutError, TimeoutError)):
@@ -199,7 +223,14 @@ def describe_error(error: BaseException, timeout_s: float) -> str:
         text = str(error)
     else:
         text = f"unexpected error calling the provider ({type(error).__name__}: {error})"
-    return outcomes.one_line(text)
+    return outcomes.one_line(outcomes.scrub(text, secrets))
+
+
+def _overflow(error: BaseException, text: str) -> bool:
+    """Whether the provider refused the request for exceeding the model's context window."""
+    return isinstance(error, openai.APIStatusError) and outcomes.is_context_overflow(
+        error.status_code, error.body, text
+    )
 
 
 def _completion_text(response: Any) -> str:
@@ -295,7 +326,7 @@ class LlmCaller:
         self._force = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.llm_max_in_flight)
         self._commit_lock = asyncio.Lock()
-        self._client = await asyncio.to_thread(Client, settings)
+        self._client = await asyncio.to_thread(lambda: Client(settings, internal=True))
         self._openai = AsyncOpenAI(
             base_url=settings.llm_base_url,
             api_key=settings.openai_api_key or "agentstream-local",
@@ -488,9 +519,10 @@ class LlmCaller:
             except Exception as error:  # every provider failure is an outcome, never a crash
                 if expiry.expired():
                     return Result("expired", duration_ms=_ms(started))
-                return Result(
-                    "failed", error=describe_error(error, self.settings.llm_timeout_s), duration_ms=_ms(started)
-                )
+                described = self._describe(error)
+                if not _overflow(error, described):
+                    return Result("failed", error=described, duration_ms=_ms(started))
+                return await self._after_overflow(record, error, described, started)
             text = "".join(job.partial)
             if not text:
                 return Result("failed", error="the provider returned an empty response", duration_ms=_ms(started))
@@ -545,25 +577,75 @@ class LlmCaller:
         job.partial.append(_completion_text(response))
         return outcomes.normalize_usage(_as_mapping(getattr(response, "usage", None)))
 
+    async def _after_overflow(self, record: CallRequest, error: Exception, described: str, started: float) -> Result:
+        """Request R exceeded the model's context window: summarize its history (leaving out the
+        oldest until a summary call fits), still within R's expiry."""
+        loop = asyncio.get_running_loop()
+        expiry = asyncio.timeout_at(loop.time() + (record.expiresAt - time.time() * 1000) / 1000)
+        body = error.body if isinstance(error, openai.APIStatusError) else None
+        try:
+            async with expiry:
+                summary = await self._summarize(record.model, record.transport, record.messages, (body, described))
+        except SummaryFailed as failure:
+            return Result("overflow", error=described, summary_error=str(failure), duration_ms=_ms(started))
+        except TimeoutError:
+            if expiry.expired():
+                return Result("expired", duration_ms=_ms(started))
+            raise
+        return Result("overflow", error=described, summary=summary, duration_ms=_ms(started))
+
     async def _compact(self, job: Job) -> Result:
         record = job.record
         assert isinstance(record, CompactRequest) and self._slots is not None and self._openai is not None
         async with self._slots:
             started = time.monotonic()
             try:
+                summary = await self._summarize(record.model, record.transport, record.messages, None)
+            except SummaryFailed as failure:
+                return Result("failed", error=str(failure), duration_ms=_ms(started))
+            return Result(
+                "succeeded", text=summary.text, usage=summary.usage, summary=summary, duration_ms=_ms(started)
+            )
+
+    async def _summarize(
+        self, model: str, transport: Transport, messages: list[Message], overflow: tuple[Any, str] | None
+    ) -> Summary:
+        """Summarize `messages` plus the instruction (§4.5). After a context overflow (`overflow`:
+        the refused call's error body and text), or when a summary call overflows itself, the calls
+        leave out more and more of the oldest history until one is answered."""
+        assert self._openai is not None
+        if overflow is None:
+            calls = [outcomes.SummaryCall(outcomes.compaction_messages(messages, transport))]
+        else:
+            calls = outcomes.summary_calls(messages, transport, outcomes.overflow_ratio(*overflow))
+        trimming = overflow is not None
+        last_error = "no summary call was made"
+        index = 0
+        while index < len(calls):
+            call = calls[index]
+            index += 1
+            try:
                 async with asyncio.timeout(self.settings.llm_timeout_s):
                     response = await self._openai.chat.completions.create(
-                        model=record.model,
-                        messages=outcomes.compaction_messages(record.messages, record.transport),  # type: ignore[arg-type]
-                        **self._limit(record.transport),
+                        model=model,
+                        messages=call.messages,  # type: ignore[arg-type]
+                        **self._limit(transport),
                     )
                 text = _completion_text(response)
-                usage = outcomes.normalize_usage(_as_mapping(getattr(response, "usage", None)))
+                return Summary(call, text, outcomes.normalize_usage(_as_mapping(getattr(response, "usage", None))))
             except Exception as error:
-                return Result(
-                    "failed", error=describe_error(error, self.settings.llm_timeout_s), duration_ms=_ms(started)
-                )
-            return Result("succeeded", text=text, usage=usage, duration_ms=_ms(started))
+                last_error = self._describe(error)
+                if not _overflow(error, last_error):
+                    raise SummaryFailed(last_error) from None
+                if not trimming:  # the summary call itself is over the window: trim from now on
+                    trimming = True
+                    body = error.body if isinstance(error, openai.APIStatusError) else None
+                    calls = outcomes.summary_calls(messages, transport, outcomes.overflow_ratio(body, last_error))
+                    index = 0
+        raise SummaryFailed(last_error)
+
+    def _describe(self, error: BaseException) -> str:
+        return describe_error(error, self.settings.llm_timeout_s, (self.settings.openai_api_key,))
 
     def _limit(self, transport: str) -> dict[str, int]:
         """The output token limit. OpenAI's newer models reject `max_tokens` (its replacement is
@@ -612,13 +694,18 @@ class LlmCaller:
             self._finished(job.tp, job.offset)
             return True
         error = task.exception()
+        secrets = (self.settings.openai_api_key,)
         result = (
-            Result("failed", error=f"internal error in the caller ({type(error).__name__}: {error})")
+            Result(
+                "failed",
+                error=outcomes.scrub(f"internal error in the caller ({type(error).__name__}: {error})", secrets),
+            )
             if error is not None
             else task.result()
         )
-        if error is not None:
-            log.error("%s %s @%d crashed", kind, path, order, exc_info=error)
+        if error is not None:  # the traceback is scrubbed too: an exception's text may quote a request
+            trace = "".join(traceback.format_exception(error))
+            log.error("%s %s @%d crashed:\n%s", kind, path, order, outcomes.scrub(trace, secrets))
         if result.duration_ms:
             metrics.PROVIDER_SECONDS.labels(result.status).observe(result.duration_ms / 1000)
         if isinstance(record, CallRequest):
@@ -651,6 +738,8 @@ class LlmCaller:
                     len(result.text),
                     result.usage or "not reported",
                 )
+            elif result.status == "overflow":
+                self._overflowed(path, record, result)
             else:
                 self._append(path, outcomes.failed(order, record.attempt, record.maxAttempts, result.error))
                 log.info(
@@ -664,10 +753,11 @@ class LlmCaller:
                     result.error,
                 )
         elif result.status == "succeeded":
+            call = result.summary.call if result.summary is not None else None
             self._append(
                 path,
                 outcomes.compacted(
-                    record.requestOffset, order, record.tokens, record.threshold, result.text, result.usage
+                    record.requestOffset, order, record.tokens, record.threshold, result.text, result.usage, call
                 ),
             )
             log.info(
@@ -691,6 +781,44 @@ class LlmCaller:
             )
         self._finished(job.tp, job.offset)
         return True
+
+    def _overflowed(self, path: str, record: CallRequest, result: Result) -> None:
+        """Call R exceeded the context window: the summary item and R's failed settlement (whose
+        retry answers from the compacted context), or only the failed settlement."""
+        r = record.requestOffset
+        summary = result.summary
+        if summary is None:
+            appends = outcomes.overflow_not_compacted(
+                r, record.attempt, record.maxAttempts, result.error, result.summary_error
+            )
+            self._append(path, appends)
+            log.warning(
+                "call %s @%d model=%s %dms over the context window, and no summary call fitted: %s",
+                path,
+                r,
+                record.model,
+                result.duration_ms,
+                result.summary_error,
+            )
+            return
+        self._append(
+            path,
+            outcomes.overflow_compacted(
+                r, record.attempt, record.maxAttempts, result.error, summary.text, summary.usage, summary.call
+            ),
+        )
+        log.info(
+            "call %s @%d model=%s %dms over the context window: compacted (%d oldest messages left out of the "
+            "summary), settled failed (attempt %d of %d): %s",
+            path,
+            r,
+            record.model,
+            result.duration_ms,
+            summary.call.dropped,
+            record.attempt,
+            record.maxAttempts,
+            result.error,
+        )
 
     # ---- appends, commits, rebalances --------------------------------------------------------
 

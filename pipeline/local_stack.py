@@ -56,8 +56,12 @@ def start_service(name: str) -> bool:
     return "already running" not in result.stdout
 
 
-def stop_service(name: str) -> None:
-    _script(f"{name}/stop.sh")
+def stop_service(name: str) -> bool:
+    """Stop `kafka` or `model` with its script; True if it was running."""
+    result = _script(f"{name}/stop.sh")
+    if result.returncode != 0:
+        raise StackError(f"could not stop {name}: {(result.stderr or result.stdout).strip()}")
+    return "not running" not in result.stdout  # both stop scripts say so when there was nothing to stop
 
 
 def ensure_topics_now() -> None:
@@ -124,16 +128,19 @@ def up(settings: Settings, say: Any = print) -> list[str]:
     return started
 
 
-def down(parts: list[str] | None = None, say: Any = print) -> None:
-    """Stop the given parts (default: everything), workers first."""
+def down(parts: list[str] | None = None, say: Any = print) -> list[str]:
+    """Stop the given parts (default: everything), workers first; returns those that were running."""
     parts = parts if parts is not None else [f"worker-{k}" for k in WORKERS] + ["model", "kafka"]
+    stopped: list[str] = []
     for part in parts:
         if part.startswith("worker-") and stop_worker(part.removeprefix("worker-")):
+            stopped.append(part)
             say(f"  stopped {part}")
     for service in ("model", "kafka"):
-        if service in parts:
-            stop_service(service)
+        if service in parts and stop_service(service):
+            stopped.append(service)
             say(f"  stopped {service}")
+    return stopped
 
 
 def register(commands: Any) -> None:
@@ -152,5 +159,6 @@ def _run_up(args: argparse.Namespace) -> int:
 
 
 def _run_down(args: argparse.Namespace) -> int:
-    down()
+    if not down():
+        print("nothing was running (no live pid files under .local/)")
     return 0

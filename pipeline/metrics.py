@@ -46,13 +46,28 @@ def event_type_label(event_type: str) -> str:
     return event_type.rsplit("/", 1)[-1] if event_type in CONSUMED_TYPES else "other"
 
 
+# Reasons that name their kind first (`too_large: the command is ...`): the kind is the label.
+_KIND_PREFIXES = ("too_large", "forbidden", "internal_error")
+DLQ_REASON_LABELS = (
+    "not_a_command",
+    "idempotency_conflict",
+    "misrouted",
+    *_KIND_PREFIXES,
+    "invalid_payload",
+)
+
+
 def dlq_reason_label(reason: str) -> str:
+    """The bounded kind of a DLQ reason, one of `DLQ_REASON_LABELS` (the README lists each)."""
     if reason.startswith("not an append command"):
         return "not_a_command"
     if reason.startswith("idempotency key"):
         return "idempotency_conflict"
     if reason.startswith("record key") or " belongs to partition " in reason:
         return "misrouted"
+    for kind in _KIND_PREFIXES:
+        if reason.startswith(kind + ":"):
+            return kind
     return "invalid_payload"
 
 

@@ -14,6 +14,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from processors.render import (
+    DEFAULT_ITEM_BYTES,
+    DEFAULT_REQUEST_BYTES,
+    MIN_ITEM_BYTES,
+    MIN_REQUEST_BYTES,
+    RenderBudget,
+)
+from schemas.limits import DEFAULT_MAX_EVENT_BYTES
+from schemas.requests import MAX_MESSAGES_BYTES
+
 ENV_PREFIX = "AGENTSTREAM_"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +61,14 @@ class Settings(BaseModel):
         ),
     ] = None
     worker_port: Annotated[int, Field(ge=0, description="Faust web port of the journal worker (0: none).")] = 6066
+    worker_bind: Annotated[
+        str,
+        Field(
+            min_length=1,
+            description="Address the journal worker's Faust web server listens on (0.0.0.0 to reach it from "
+            "other hosts, e.g. in a pod; it serves status only, never table rows).",
+        ),
+    ] = "127.0.0.1"
     metrics_port: Annotated[
         int, Field(ge=0, description="Prometheus /metrics port of the journal worker (0: none).")
     ] = 9464
@@ -59,6 +77,16 @@ class Settings(BaseModel):
     ] = 9465
     rocksdb_write_buffer_mb: Annotated[int, Field(ge=1, description="RocksDB write buffer per partition.")] = 8
     rocksdb_block_cache_mb: Annotated[int, Field(ge=1, description="RocksDB block cache per partition.")] = 16
+    max_event_bytes: Annotated[
+        int,
+        Field(
+            ge=1024,
+            le=1_000_000,
+            description="Largest append command accepted, in bytes of UTF-8 JSON (clients refuse bigger ones; "
+            "the journal worker dead-letters them as too_large). At most ~1 MB: the journal record must fit Kafka's "
+            "default message size.",
+        ),
+    ] = DEFAULT_MAX_EVENT_BYTES
     max_cached_streams: Annotated[
         int, Field(ge=1, description="Stream states kept in memory per worker; others reload from rows.")
     ] = 10_000
@@ -106,6 +134,60 @@ class Settings(BaseModel):
     ] = {"smollm2": 8192}
     llm_default_context_tokens: Annotated[int, Field(ge=1, description="Context window of unlisted models.")] = 128_000
     caller_group: Annotated[str, Field(description="Consumer group of the LLM caller workers.")] = "agentstream-caller"
+    # --- request size (the journal worker renders within it; the llm-requests topic fits the maximum)
+    llm_request_max_bytes: Annotated[
+        int,
+        Field(
+            ge=MIN_REQUEST_BYTES,
+            le=MAX_MESSAGES_BYTES,
+            description="Size budget of one rendered LLM request's messages (UTF-8 JSON bytes, at most the "
+            "default): over it the oldest history items are left out behind a notice.",
+        ),
+    ] = DEFAULT_REQUEST_BYTES
+    llm_request_item_max_bytes: Annotated[
+        int,
+        Field(
+            ge=MIN_ITEM_BYTES,
+            description="Size cap of one item in a rendered LLM request (UTF-8 JSON bytes; a value over "
+            "llm_request_max_bytes counts as that): a larger item is cut with a notice naming its offset.",
+        ),
+    ] = DEFAULT_ITEM_BYTES
+    # --- the HTTP gateway and the router ------------------------------------------------------
+    gateway_host: Annotated[str, Field(description="Address the HTTP gateway listens on (0.0.0.0 in a container).")] = (
+        "127.0.0.1"
+    )
+    gateway_port: Annotated[int, Field(ge=0, le=65535, description="Port of the HTTP gateway.")] = 8080
+    gateway_tokens_file: Annotated[
+        Path | None,
+        Field(
+            description="Gateway tokens file (YAML or JSON): sha256 of each bearer token with its tier and scope, "
+            "and the webhook secrets. Re-read when it changes. Unset: every request is 401."
+        ),
+    ] = None
+    gateway_max_body_bytes: Annotated[
+        int, Field(ge=1024, description="Largest request body of the gateway (one event, a webhook), bytes.")
+    ] = 1024 * 1024
+    gateway_max_batch_bytes: Annotated[
+        int, Field(ge=1024, description="Largest NDJSON batch body of the gateway (at most 10 000 lines), bytes.")
+    ] = 16 * 1024 * 1024
+    gateway_max_user_file_bytes: Annotated[
+        int, Field(ge=0, description="Largest file a user-tier token may attach to an item, bytes.")
+    ] = 25 * 1024 * 1024
+    gateway_wait_timeout_s: Annotated[
+        float, Field(gt=0, description="With ?wait=true: how long the gateway waits for the journal's outcome.")
+    ] = 30.0
+    gateway_delivery_timeout_s: Annotated[
+        float, Field(gt=0, description="How long the gateway's producer retries a command before answering 503.")
+    ] = 10.0
+    gateway_max_queued: Annotated[
+        int, Field(ge=1, description="Commands the gateway's producer may hold unacknowledged; beyond: 429.")
+    ] = 100_000
+    router_app_id: Annotated[
+        str, Field(description="Faust application id of the router (consumer group, subscriptions table topics).")
+    ] = "agentstream-router"
+    router_metrics_port: Annotated[
+        int, Field(ge=0, description="Prometheus /metrics port of the router (0: none).")
+    ] = 9466
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> Settings:
@@ -149,6 +231,11 @@ class Settings(BaseModel):
         if self.llm_stream is not None:
             return self.llm_stream
         return self.llm_base_url != self.embedded_model_url
+
+    @property
+    def render_budget(self) -> RenderBudget:
+        request = self.llm_request_max_bytes
+        return RenderBudget(request, min(self.llm_request_item_max_bytes, request))
 
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)

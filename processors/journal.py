@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from processors import rows
 from processors.reducer import epoch_ms, fold
-from processors.state import AgentState
+from processors.state import AgentState, SourceOffsets
 from schemas.events import TYPED_EVENTS, AppendCommand, OtherEvent, describe_validation_error
 
 RowReader = Callable[[bytes], "bytes | None"]
@@ -61,7 +61,7 @@ def journal_command(
     command: AppendCommand,
     *,
     now_ms: int,
-    source_offset: int,
+    sources: SourceOffsets,
     read: RowReader,
 ) -> Outcome:
     path = command.streamPath
@@ -96,7 +96,7 @@ def journal_command(
     except ValidationError as error:
         return Rejected(describe_validation_error(error, command.type))
     record = orjson.dumps(envelope)
-    return Journaled(event, record, apply_event(state, event, source_offset, command.appendId, digest))
+    return Journaled(event, record, apply_event(state, event, sources, command.appendId, digest))
 
 
 def _last_ms(state: AgentState) -> int:
@@ -107,12 +107,13 @@ def _last_ms(state: AgentState) -> int:
 def apply_event(
     state: AgentState,
     event: Any,
-    source_offset: int,
+    sources: SourceOffsets,
     append_id: str | None,
     digest: str | None,
 ) -> list[rows.Row]:
     """Fold a journaled event and return every row it changes (items, metadata, dedupe rows).
 
+    `sources` are the stream's command-topic offsets including this event's command;
     `digest` is `payload_hash` of the event's type and raw payload, required with an idempotency key.
     """
     path = event.streamPath
@@ -130,5 +131,5 @@ def apply_event(
         )
     if append_id is not None:
         changed.append((rows.append_id_key(path, append_id), str(event.offset).encode()))
-    changed.append((rows.meta_key(path), rows.encode_meta(state, source_offset)))  # metadata last
+    changed.append((rows.meta_key(path), rows.encode_meta(state, sources)))  # metadata last
     return changed

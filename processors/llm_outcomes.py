@@ -5,12 +5,15 @@ order they must be journaled. Every command carries an idempotency key derived f
 offset R (or, for a compaction summary, from the usage report's offset), so a caller that repeats a
 call after a restart cannot double-append: the journal answers a repeated key with "duplicate"
 (same body) or keeps the first body (different body, e.g. a different text from a repeated call).
+
+Secrets never reach the journal: provider error text is scrubbed (`scrub`) of the configured API
+key, authorization header values and key-shaped tokens before it is appended or logged.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +61,47 @@ def partial_key(request_offset: int) -> str:
 
 def compaction_key(report_offset: int) -> str:
     return f"agent/compact-context@{report_offset}"
+
+
+def overflow_compaction_key(request_offset: int) -> str:
+    return f"agent/compact-context@overflow-{request_offset}"
+
+
+# --- secrets -------------------------------------------------------------------------------------
+
+REDACTED = "[redacted]"
+# A configured key shorter than this is a placeholder (the embedded model's "local"): replacing it
+# everywhere would garble the text. Sent as a header it is still caught by the header patterns.
+MIN_SECRET_CHARS = 8
+
+_SECRETS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # Header values, quoted or not, with their scheme: `Authorization: Bearer x`, `"api-key": "x"`
+    # (the scheme is possessive and a redacted value is left alone, so scrubbing twice is harmless).
+    (
+        re.compile(
+            r"(?i)\b((?:proxy-)?authorization|x-api-key|api[-_]key)([\"']?\s*[:=]\s*[\"']?)"
+            r"(?:(?:bearer|basic|token)\s+)?+(?!\[redacted\])[^\s\"',;)}\]]+"
+        ),
+        rf"\1\2{REDACTED}",
+    ),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=*-]{4,}"), rf"\1 {REDACTED}"),
+    # OpenAI-style keys (sk-..., sk-proj-..., also a provider's masked echo of one).
+    (re.compile(r"\bsk-[A-Za-z0-9_*-]{6,}"), REDACTED),
+    # Credentials in URLs: user:password@host, ?key=... / ?api_key=...
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), rf"\1{REDACTED}@"),
+    (re.compile(r"(?i)([?&](?:api[-_]?)?key=)[^&\s\"']+"), rf"\1{REDACTED}"),
+)
+
+
+def scrub(text: str, secrets: Sequence[str | None] = ()) -> str:
+    """`text` without the given secrets (e.g. the configured API key) and without anything shaped
+    like a credential: authorization header values, bearer tokens, `sk-` keys, URL credentials."""
+    for secret in secrets:
+        if secret and len(secret) >= MIN_SECRET_CHARS:
+            text = text.replace(secret, REDACTED)
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 # --- usage -------------------------------------------------------------------------------------
@@ -142,6 +186,126 @@ def compaction_messages(messages: list[Message], transport: Transport) -> list[d
     return [*provider_messages(messages), {"role": role, "content": COMPACTION_INSTRUCTION}]
 
 
+# --- context overflow ------------------------------------------------------------------------------
+
+# Error codes/types of a request larger than the model's context window: OpenAI and
+# llama-cpp-python (`context_length_exceeded`), llama.cpp's server (`exceed_context_size_error`).
+_OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error", "context_window_exceeded"})
+_OVERFLOW_TEXT = re.compile(
+    r"(?i)maximum context length|context[ _](?:length|window)[ _]exceeded|exceeds? the available context size"
+    r"|exceeds? (?:the )?(?:model's )?context (?:window|length|size)|context window of \d+|\bn_ctx\b"
+    r"|prompt is too long|reduce the length of the messages"
+)
+# (limit, requested) in the providers' words.
+_OVERFLOW_NUMBERS = (
+    re.compile(r"(?i)maximum context length is (?P<limit>\d+) tokens.*?(?:requested|resulted in) (?P<asked>\d+)"),
+    re.compile(r"(?i)\((?P<asked>\d+) tokens\) exceeds? the available context size \((?P<limit>\d+) tokens\)"),
+    re.compile(r"(?i)prompt is too long: (?P<asked>\d+) tokens > (?P<limit>\d+)"),
+)
+
+
+def _error_fields(body: Any) -> list[Mapping[str, Any]]:
+    """The provider's error object(s): the SDK hands over `error` itself, or the whole body."""
+    if not isinstance(body, Mapping):
+        return []
+    inner = body.get("error")
+    return [body, inner] if isinstance(inner, Mapping) else [body]
+
+
+def is_context_overflow(status: int | None, body: Any, text: str) -> bool:
+    """Whether the provider refused the request for exceeding the model's context window: HTTP
+    400 (or 413) with an overflow code, or a message that says so (`text`: the error's text)."""
+    if status not in (400, 413):
+        return False
+    for fields in _error_fields(body):
+        if fields.get("code") in _OVERFLOW_CODES or fields.get("type") in _OVERFLOW_CODES:
+            return True
+    return bool(_OVERFLOW_TEXT.search(text))
+
+
+def overflow_ratio(body: Any, text: str) -> float | None:
+    """The context window over the tokens the refused request needed, when the provider said both."""
+    for fields in _error_fields(body):
+        limit, asked = _count(fields.get("n_ctx")), _count(fields.get("n_prompt_tokens"))
+        if limit and asked:
+            return limit / asked
+    for pattern in _OVERFLOW_NUMBERS:
+        match = pattern.search(text)
+        if match is not None and int(match["asked"]) > 0:
+            return int(match["limit"]) / int(match["asked"])
+    return None
+
+
+KEEP_LAST_MESSAGES = 2  # a summary call always keeps the newest item and the timestamp
+MAX_SUMMARY_CALLS = 5  # the last one leaves out all the history it may
+_SAFETY = 0.8  # aim below the window: the instruction and the summary's own tokens need room too
+
+
+@dataclass(frozen=True, slots=True)
+class SummaryCall:
+    """Messages for one summary attempt: request R's, the oldest history possibly left out."""
+
+    messages: list[dict[str, str]]  # as sent, the trailing instruction included
+    dropped: int = 0  # oldest history messages left out
+    dropped_from: int | None = None  # their offsets (from their headers), when they have any
+    dropped_to: int | None = None
+
+
+_HEADER_OFFSET = re.compile(r"@(\d+)")
+
+
+def _offset(message: Message) -> int | None:
+    match = _HEADER_OFFSET.match(message.content)
+    return int(match[1]) if match is not None else None
+
+
+def summary_calls(messages: list[Message], transport: Transport, ratio: float | None) -> list[SummaryCall]:
+    """The summary attempts after a context overflow, each leaving out more of the oldest history.
+
+    Never left out: the leading system messages (the protocol and the system lane) and the last
+    KEEP_LAST_MESSAGES. The first attempt aims at `ratio` of the request's size (the window over
+    what the request needed, when the provider said so; else a half), each next one at half of
+    that; the last (at most the MAX_SUMMARY_CALLS-th) leaves out all the history it may. The
+    left-out part is replaced by one line saying so, so that the summary can name what it lacks.
+    """
+    lead = 0
+    while lead < len(messages) and messages[lead].role == "system":
+        lead += 1
+    end = max(lead, len(messages) - KEEP_LAST_MESSAGES)
+    sizes = [len(m.content) for m in messages]
+    fixed = sum(sizes) - sum(sizes[lead:end])
+    target = sum(sizes) * (min(0.9, _SAFETY * ratio) if ratio else 0.5)
+    calls: list[SummaryCall] = []
+    previous = -1
+    while True:
+        dropped, kept = 0, sum(sizes[lead:end])
+        while lead + dropped < end and (fixed + kept > target or len(calls) == MAX_SUMMARY_CALLS - 1):
+            kept -= sizes[lead + dropped]
+            dropped += 1
+        if dropped > previous:
+            calls.append(_summary_call(messages, transport, lead, dropped))
+            previous = dropped
+        if lead + dropped >= end:
+            return calls
+        target /= 2
+
+
+def _summary_call(messages: list[Message], transport: Transport, lead: int, dropped: int) -> SummaryCall:
+    if dropped == 0:
+        return SummaryCall(compaction_messages(messages, transport))
+    gone = messages[lead : lead + dropped]
+    offsets = [o for o in map(_offset, gone) if o is not None]
+    low, high = (min(offsets), max(offsets)) if offsets else (None, None)
+    where = f" (@{low} to @{high})" if offsets else ""
+    notice = Message(
+        role="developer" if transport == "openai" else "system",
+        content=f"[{dropped} older messages{where} are left out here: with them the request exceeds the "
+        "model's context window.]",
+    )
+    kept = [*messages[:lead], notice, *messages[lead + dropped :]]
+    return SummaryCall(compaction_messages(kept, transport), dropped, low, high)
+
+
 # --- outcomes ----------------------------------------------------------------------------------
 
 
@@ -197,8 +361,9 @@ def failed(request_offset: int, attempt: int, max_attempts: int, error: str) -> 
     """Failed settlement, then the stream error that says whether the agent retries.
 
     No `durationMs`: a repeated failing call (after a restart) then yields the very same commands,
-    which the journal answers as duplicates."""
-    error = one_line(error).rstrip(".") or "unknown error"
+    which the journal answers as duplicates. The error text is scrubbed of credentials here too
+    (the caller already scrubs it of its key): it is journaled and rendered into later requests."""
+    error = one_line(scrub(error)).rstrip(".") or "unknown error"
     return [
         Append(
             LLM_REQUEST_SETTLED,
@@ -233,6 +398,13 @@ def cancelled(request_offset: int, partial: str) -> list[Append]:
     return appends
 
 
+def _left_out(call: SummaryCall) -> str:
+    if not call.dropped:
+        return ""
+    where = f", @{call.dropped_from} to @{call.dropped_to}" if call.dropped_from is not None else ""
+    return f"; the {call.dropped} oldest messages{where}, did not fit in the summary call and are not summarized"
+
+
 def compacted(
     request_offset: int,
     report_offset: int,
@@ -240,24 +412,66 @@ def compacted(
     threshold: int,
     summary: str,
     usage: dict[str, int] | None,
+    call: SummaryCall | None = None,
 ) -> list[Append]:
-    """The compaction summary item (CONTRACT §4.5)."""
+    """The compaction summary item (CONTRACT §4.5); `call`: the summary call, if it left history out."""
+    left_out = _left_out(call) if call is not None else ""
+    content = (
+        f"[Earlier conversation history was compacted through @{request_offset} "
+        f"(~{tokens} tokens > {threshold}{left_out}). Summary:]\n\n{summary}"
+    )
+    return [_summary_item(request_offset, content, usage, compaction_key(report_offset))]
+
+
+def overflow_compacted(
+    request_offset: int,
+    attempt: int,
+    max_attempts: int,
+    error: str,
+    summary: str,
+    usage: dict[str, int] | None,
+    call: SummaryCall,
+) -> list[Append]:
+    """Request R exceeded the model's context window and its history was summarized: the summary
+    item (replacing history through R), then R's failed settlement, whose agent-loop trigger makes
+    the retry answer from the compacted context."""
+    content = (
+        f"[Earlier conversation history was compacted through @{request_offset} because request "
+        f"@{request_offset} exceeded the model's context window{_left_out(call)}. Summary:]\n\n{summary}"
+    )
+    retried = " and the request will be retried" if attempt < max_attempts else ""
+    why = (
+        f"the request exceeded the model's context window, so the context was compacted through "
+        f"@{request_offset}{retried} ({error})"
+    )
+    return [
+        _summary_item(request_offset, content, usage, overflow_compaction_key(request_offset)),
+        *failed(request_offset, attempt, max_attempts, why),
+    ]
+
+
+def overflow_not_compacted(
+    request_offset: int, attempt: int, max_attempts: int, error: str, summary_error: str
+) -> list[Append]:
+    """Request R exceeded the context window and summarizing it failed too: only the failed settlement."""
+    why = (
+        "the request exceeded the model's context window and compacting the context failed "
+        f"({summary_error}); the request's error: {error}"
+    )
+    return failed(request_offset, attempt, max_attempts, why)
+
+
+def _summary_item(request_offset: int, content: str, usage: dict[str, int] | None, key: str) -> Append:
     compaction: dict[str, Any] = {"replacesHistoryThrough": request_offset}
     if usage is not None:
         compaction["usage"] = dict(usage)
-    content = (
-        f"[Earlier conversation history was compacted through @{request_offset} "
-        f"(~{tokens} tokens > {threshold}). Summary:]\n\n{summary}"
+    return Append(
+        CONTEXT_ADDED,
+        {
+            "role": "developer",
+            "content": content,
+            "compaction": compaction,
+            "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
+        },
+        key,
     )
-    return [
-        Append(
-            CONTEXT_ADDED,
-            {
-                "role": "developer",
-                "content": content,
-                "compaction": compaction,
-                "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
-            },
-            compaction_key(report_offset),
-        )
-    ]

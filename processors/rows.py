@@ -27,6 +27,7 @@ from processors.state import (
     LaneName,
     OpenRequest,
     PendingTrigger,
+    SourceOffsets,
     TokenUsage,
     UsageReport,
 )
@@ -42,12 +43,21 @@ _SEQ_BIAS = 1 << 63  # seqs go negative (compaction summaries); bias keeps byte 
 Row = tuple[bytes, bytes | None]  # value None deletes the row
 
 
+def _path_bytes(path: str) -> bytes:
+    """A path as a key component. The separator can never occur inside it, so every key names
+    exactly one stream and a stream's prefix scan can never reach another stream's rows (valid
+    stream paths cannot contain NUL; this guard keeps keys injective whatever the caller checked)."""
+    if "\x00" in path:
+        raise ValueError(f"stream path {path!r} contains NUL; it cannot name rows")
+    return path.encode()
+
+
 def meta_key(path: str) -> bytes:
-    return META + SEP + path.encode()
+    return META + SEP + _path_bytes(path)
 
 
 def items_prefix(path: str) -> bytes:
-    return ITEM + SEP + path.encode() + SEP
+    return ITEM + SEP + _path_bytes(path) + SEP
 
 
 def item_key(path: str, lane: LaneName, seq: int) -> bytes:
@@ -55,11 +65,11 @@ def item_key(path: str, lane: LaneName, seq: int) -> bytes:
 
 
 def idempotency_key(path: str, key: str) -> bytes:
-    return IDEMPOTENCY + SEP + path.encode() + SEP + key.encode()
+    return IDEMPOTENCY + SEP + _path_bytes(path) + SEP + key.encode()
 
 
 def append_id_key(path: str, append_id: str) -> bytes:
-    return APPEND_ID + SEP + path.encode() + SEP + append_id.encode()
+    return APPEND_ID + SEP + _path_bytes(path) + SEP + append_id.encode()
 
 
 def position_key(partition: int) -> bytes:
@@ -100,13 +110,14 @@ def change_rows(path: str, changes: dict[tuple[LaneName, int], Cell | None]) -> 
 # --- metadata ----------------------------------------------------------------------------------
 
 
-def encode_meta(state: AgentState, source_offset: int) -> bytes:
-    """Everything but the items; `source_offset` is the last command's position in agent-appends."""
+def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
+    """Everything but the items, and how far the stream's commands are journaled per topic."""
     return orjson.dumps(
         {
             "path": state.stream_path,
             "cursor": state.cursor,
-            "sourceOffset": source_offset,
+            "sourceOffset": sources.appends,
+            "internalSourceOffset": sources.internal,
             "publishedThrough": state.published_through,
             "created": state.created,
             "config": state.config.model_dump(exclude_defaults=True),
@@ -136,8 +147,8 @@ def _slots(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__slots__}
 
 
-def decode_meta(value: bytes) -> tuple[AgentState, int]:
-    """The state without items, and the recorded source offset."""
+def decode_meta(value: bytes) -> tuple[AgentState, SourceOffsets]:
+    """The state without items, and the recorded source offsets."""
     meta = orjson.loads(value)
     state = AgentState(
         stream_path=meta["path"],
@@ -161,24 +172,24 @@ def decode_meta(value: bytes) -> tuple[AgentState, int]:
     seqs = meta["seqs"]
     state.system.next_seq, state.system.next_front_seq = seqs[0], seqs[1]
     state.history.next_seq, state.history.next_front_seq = seqs[2], seqs[3]
-    return state, meta["sourceOffset"]
+    return state, SourceOffsets(meta["sourceOffset"], meta.get("internalSourceOffset", -1))
 
 
-def load_state(meta_value: bytes, item_rows: Iterable[tuple[bytes, bytes]]) -> tuple[AgentState, int]:
+def load_state(meta_value: bytes, item_rows: Iterable[tuple[bytes, bytes]]) -> tuple[AgentState, SourceOffsets]:
     """Rebuild a stream's state from its metadata row and its item rows (in key order).
 
     Rows written after the metadata row (a crash between an event's item rows and its metadata
     row) lie outside the recorded seq range and are ignored; re-folding the journal tail rewrites
     them identically.
     """
-    state, source_offset = decode_meta(meta_value)
+    state, sources = decode_meta(meta_value)
     for key, value in item_rows:
         lane = state.system if key[-9:-8] == _LANE_TAGS["system"] else state.history
         seq = _SEQ.unpack(key[-8:])[0] - _SEQ_BIAS
         if not lane.next_front_seq < seq < lane.next_seq:
             continue
         _restore_cell(lane, decode_cell(value))
-    return state, source_offset
+    return state, sources
 
 
 def _restore_cell(lane: Lane, cell: Cell) -> None:

@@ -109,6 +109,26 @@ class UsageReport:
     threshold: int
 
 
+@dataclass(slots=True, frozen=True)
+class SourceOffsets:
+    """How far a stream's commands have been journaled, per command topic (-1: none yet).
+
+    The upstream position stored with what was derived from it (the stream's metadata row): a
+    redelivered command at or below its topic's offset is already in the journal.
+    """
+
+    appends: int = -1  # agent-appends: any producer
+    internal: int = -1  # agent-internal-appends: the workers only
+
+    def covers(self, internal: bool, offset: int) -> bool:
+        return offset <= (self.internal if internal else self.appends)
+
+    def advanced(self, internal: bool, offset: int) -> SourceOffsets:
+        if internal:
+            return SourceOffsets(self.appends, max(self.internal, offset))
+        return SourceOffsets(max(self.appends, offset), self.internal)
+
+
 @dataclass(slots=True)
 class AgentState:
     stream_path: str | None = None

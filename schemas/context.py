@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.limits import StreamPath
+
 Role = Literal["system", "developer", "user", "assistant"]
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 NonEmpty = Annotated[str, Field(min_length=1)]
@@ -32,7 +34,7 @@ class UserActor(Wire):
 
 class AgentActor(Wire):
     type: Literal["agent"]
-    path: NonEmpty
+    path: StreamPath
 
 
 class ScriptActor(Wire):
@@ -83,7 +85,7 @@ EXTERNAL_ACTOR_TYPES = frozenset({"user", "integration", "slack", "telegram", "e
 
 class EventRef(Wire):
     type: Literal["event"]
-    streamPath: NonEmpty
+    streamPath: StreamPath
     offset: PositiveInt
     eventType: str | None = None
 

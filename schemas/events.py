@@ -13,6 +13,8 @@ from pydantic import Field, TypeAdapter, ValidationError, create_model
 
 from schemas.config import ConfigPatch
 from schemas.context import ContextItem, NonEmpty, PositiveInt, Wire
+from schemas.limits import JsonObject, StreamPath
+from schemas.routing import AGENT_SUBSCRIBED, AGENT_UNSUBSCRIBED, SubscribedPayload, UnsubscribedPayload
 
 # --- event type names --------------------------------------------------------------------------
 
@@ -27,7 +29,6 @@ AGENT_RESUMED = "events.iterate.com/agent/resumed"
 STREAM_ERROR_OCCURRED = "events.iterate.com/stream/error-occurred"
 
 # Journal coordinates and times.
-StreamPath = Annotated[str, Field(min_length=2, pattern=r"^/[^\s]*[^\s/]$")]
 CreatedAt = Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")]
 EpochMs = Annotated[int, Field(ge=0, strict=True)]
 TokenCount = Annotated[int, Field(ge=0, strict=True)]
@@ -48,7 +49,7 @@ class LlmRequestRequestedPayload(Wire):
 class SucceededResult(Wire):
     status: Literal["succeeded"]
     text: str
-    usage: dict[str, Any] | None = None
+    usage: JsonObject | None = None
 
 
 class FailedResult(Wire):
@@ -95,7 +96,7 @@ class ErrorOccurredPayload(Wire):
 
 
 # `agent/created` carries any object (provenance).
-CreatedPayload = dict[str, Any]
+CreatedPayload = JsonObject
 
 PAYLOAD_MODELS: dict[str, Any] = {
     CONTEXT_ADDED: ContextItem,
@@ -107,10 +108,34 @@ PAYLOAD_MODELS: dict[str, Any] = {
     AGENT_PAUSED: PausedPayload,
     AGENT_RESUMED: ResumedPayload,
     STREAM_ERROR_OCCURRED: ErrorOccurredPayload,
+    AGENT_SUBSCRIBED: SubscribedPayload,
+    AGENT_UNSUBSCRIBED: UnsubscribedPayload,
 }
 CONSUMED_TYPES = frozenset(PAYLOAD_MODELS)
 
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=512)]
+
+# --- who may write what (CONTRACT §5.1) ----------------------------------------------------------
+
+WORKER_ONLY_TYPES = frozenset({LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED})
+CAPABILITY_HOST_PREFIX = "events.iterate.com/capability-host/"
+
+
+def worker_only_reason(event_type: str, payload: Any) -> str | None:
+    """Why only the workers may append this command (None: anyone may).
+
+    Request bookkeeping, the caller's genuine answers (assistant items naming a request),
+    compaction summaries and capability-host events decide what the model sees and what runs;
+    they are accepted only from the internal command topic, which Kafka ACLs can restrict.
+    """
+    if event_type in WORKER_ONLY_TYPES or event_type.startswith(CAPABILITY_HOST_PREFIX):
+        return f"forbidden: {event_type} is written by the workers"
+    if event_type == CONTEXT_ADDED and isinstance(payload, dict):
+        if payload.get("role") == "assistant" and payload.get("llmRequestOffset") is not None:
+            return f"forbidden: {event_type} with llmRequestOffset (a model answer) is written by the workers"
+        if payload.get("compaction") is not None:
+            return f"forbidden: {event_type} with compaction (a summary) is written by the workers"
+    return None
 
 
 # --- envelopes ---------------------------------------------------------------------------------
@@ -129,7 +154,7 @@ class OtherEvent(JournalEventBase):
     """An event type the agent does not consume: journaled, ignored by the reducer."""
 
     type: Annotated[str, Field(min_length=1)]
-    payload: dict[str, Any]
+    payload: JsonObject
 
 
 class InputBase(Wire):
@@ -170,7 +195,7 @@ class AppendCommand(Wire):
 
     streamPath: StreamPath
     type: Annotated[str, Field(min_length=1)]
-    payload: dict[str, Any]
+    payload: JsonObject
     idempotencyKey: IdempotencyKey | None = None
     # Unique per logical append: a retried send of the same command is journaled once.
     appendId: Annotated[str, Field(min_length=1, max_length=128)] | None = None

@@ -15,6 +15,14 @@ from schemas.events import StreamPath
 
 Transport = Literal["openai", "openai-compatible"]
 
+# Size limits of one record (CONTRACT §3). The renderer keeps a request's `messages` (UTF-8 JSON)
+# within a budget of at most MAX_MESSAGES_BYTES, so a call or compact record of any projection fits
+# MAX_RECORD_BYTES: the envelope around the messages (kind, a stream path of at most 512 characters,
+# the model name, numbers) and Kafka's per-record overhead take far less than the margin.
+MAX_MESSAGES_BYTES = 4 * 1024 * 1024
+RECORD_MARGIN_BYTES = 256 * 1024
+MAX_RECORD_BYTES = MAX_MESSAGES_BYTES + RECORD_MARGIN_BYTES
+
 
 class Message(Wire):
     role: Literal["system", "developer", "user", "assistant"]

@@ -66,6 +66,7 @@ class Stack:
         self.log_path = data_dir / "worker.log"
         self.caller_log_path = data_dir / "caller.log"
         self._client: Client | None = None
+        self._internal_client: Client | None = None
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -105,11 +106,21 @@ class Stack:
             self._client = Client(self.settings)
         return self._client
 
-    def produce_raw(self, value: bytes, key: bytes | None) -> None:
+    @property
+    def internal_client(self) -> Client:
+        """A client with the workers' door (agent-internal-appends): for tests that play a worker."""
+        if self._internal_client is None:
+            self._internal_client = Client(self.settings, internal=True)
+        return self._internal_client
+
+    def produce_raw(self, value: bytes, key: bytes | None, *, internal: bool = False, partition: int = -1) -> None:
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": BOOTSTRAP, "partitioner": "murmur2_random", "log_level": 3})
-        producer.produce(self.client.topics.appends, key=key, value=value)
+        topics = self.client.topics
+        producer.produce(
+            topics.internal_appends if internal else topics.appends, key=key, value=value, partition=partition
+        )
         producer.flush(10)
 
     def read_topic(self, topic: str, timeout: float = 10.0) -> list[Any]:
@@ -142,8 +153,9 @@ class Stack:
             consumer.close()
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        for client in (self._client, self._internal_client):
+            if client is not None:
+                client.close()
         self.stop_caller()
         self.stop_worker()
         admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import shutil
+import socket
 import subprocess
+import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from tests.kafka_stack import BIN, Stack, ensure_broker
+from tests.kafka_stack import BIN, REPO, Stack, ensure_broker, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -100,3 +105,228 @@ def test_topics_ensure_and_replay_verify(stack: Stack, tmp_path: Path) -> None:
         assert "live store matches the journal" in replayed.stdout
     finally:
         stack.start_worker()
+
+
+# --- hardening review: replay --out, replay --verify ------------------------------------------------
+
+
+def test_replay_out_refuses_a_foreign_or_live_directory(stack: Stack, tmp_path: Path) -> None:
+    """Finding: `replay --out DIR` deleted whatever DIR held, the live data directory included."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("not replay's")
+    refused = agentstream(stack, "replay", "--quiet", "--out", str(foreign))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert one_line(refused.stderr) and "not empty and was not created by agentstream replay" in refused.stderr
+    assert (foreign / "keep.txt").read_text() == "not replay's"
+
+    data_dir = stack.settings.data_dir
+    live_before = sorted(p.relative_to(data_dir) for p in data_dir.rglob("*"))
+    for out in (data_dir, data_dir / "sub", data_dir.parent):
+        result = agentstream(stack, "replay", "--quiet", "--out", str(out))
+        assert result.returncode == 2, (out, result.stdout, result.stderr)
+        assert one_line(result.stderr) and "the live data directory" in result.stderr
+        assert "choose a directory outside it" in result.stderr
+    assert not (data_dir / "sub").exists()
+    assert sorted(p.relative_to(data_dir) for p in data_dir.rglob("*")) == live_before
+
+    # Its own output (marked) may be replayed into again, as may a new or an empty directory.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for out in (tmp_path / "new", tmp_path / "new", empty):
+        result = agentstream(stack, "replay", "--quiet", "--out", str(out))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert (out / ".agentstream-replay").is_file() and any(out.glob("rows-*.db"))
+
+
+def test_replay_verify_reports_every_row_no_stream_owns(stack: Stack, tmp_path: Path) -> None:
+    """Finding: `replay --verify` must compare every row of both stores, not only the streams it knows."""
+    from pipeline.partitioner import partition_for
+    from pipeline.replay import live_store_paths, open_rows
+    from processors import rows
+
+    first = agentstream(stack, "agent", "create").stdout.strip()
+    second = agentstream(stack, "agent", "create").stdout.strip()
+    assert agentstream(stack, "agent", "say", second, "hello", "--no-trigger").returncode == 0
+    partitions = stack.settings.partitions
+    home, other = partition_for(first, partitions), (partition_for(second, partitions) + 1) % partitions
+    stray_item = rows.item_key(first, "history", 999)  # an item no event of `first` made
+    stray_meta = rows.meta_key(second)  # `second`'s metadata row in a partition that is not its own
+    orphan = b"zz\x00no-stream"  # a key of no kind agentstream writes
+    live = live_store_paths(stack.settings)
+    stack.stop_worker()  # a stopped worker: the live rows are complete and writable
+    try:
+        db = open_rows(live[partition_for(second, partitions)])
+        meta_value = bytes(db[stray_meta])
+        db.close()
+        for partition, key, value in ((home, stray_item, b'{"stray":1}'), (other, stray_meta, meta_value)):
+            db = open_rows(live[partition])
+            db[key] = value
+            if partition == home:
+                db[orphan] = b"?"
+            db.close()
+        result = agentstream(stack, "replay", "--verify", "--quiet", "--out", str(tmp_path / "replay"))
+        assert result.returncode == 1, result.stdout + result.stderr
+        reported = [line.strip() for line in result.stdout.splitlines()[2:]]
+        assert sorted(reported) == sorted(
+            [
+                f"partition {home}: {first} item row (history lane, seq 999): live only",
+                f"partition {other}: {second} metadata row: live only",
+                f"partition {home}: row {orphan!r} (no stream owns it): live only",
+            ]
+        ), result.stdout
+        assert "3 row(s) differ from the live store (2 stream(s) affected)" in result.stdout
+
+        # With --path only that stream's rows count.
+        only = agentstream(stack, "replay", "--verify", "--quiet", "--path", second, "--out", str(tmp_path / "one"))
+        assert only.returncode == 1 and f"{second} metadata row: live only" in only.stdout
+        assert "no stream owns it" not in only.stdout and "seq 999" not in only.stdout
+    finally:
+        for partition, key in ((home, stray_item), (other, stray_meta), (home, orphan)):
+            db = open_rows(live[partition])
+            if db.get(key) is not None:
+                del db[key]
+            db.close()
+        stack.start_worker()
+
+
+# --- hardening review: CLI rough edges ----------------------------------------------------------------
+
+
+def one_line(stderr: str) -> bool:
+    return stderr.strip() != "" and stderr.strip().count("\n") == 0
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again when the block ends: nothing listens there
+
+
+def test_wrong_bootstrap_server_is_one_line_not_librdkafka_noise(stack: Stack) -> None:
+    env = {**stack.env(), "AGENTSTREAM_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"}
+    result = subprocess.run(
+        [str(BIN / "agentstream"), "agent", "create"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert one_line(result.stderr), result.stderr[-2000:]
+    assert "rdkafka" not in result.stderr and "%3|" not in result.stderr
+    assert "cannot reach Kafka" in result.stderr and "AGENTSTREAM_BOOTSTRAP_SERVERS" in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_topics_and_replay_errors_exit_3(stack: Stack, tmp_path: Path) -> None:
+    """README: 3 is Kafka unreachable or misconfigured (missing topics exited 2; replay's errors 1)."""
+    env = {**stack.env(), "AGENTSTREAM_TOPIC_PREFIX": f"missing-{uuid.uuid4().hex[:8]}-"}
+    for args in (
+        ["agent", "create"],
+        ["agent", "tail", "/agents/x", "--no-follow"],
+        ["replay", "--quiet", "--out", str(tmp_path / "replay")],
+    ):
+        result = subprocess.run([str(BIN / "agentstream"), *args], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 3, (args, result.stdout, result.stderr)
+        assert one_line(result.stderr) and "run `agentstream topics ensure`" in result.stderr, args
+
+    wrong_count = {**stack.env(), "AGENTSTREAM_PARTITIONS": "3"}
+    result = subprocess.run(
+        [str(BIN / "agentstream"), "agent", "show", "/agents/x"], env=wrong_count, capture_output=True, text=True
+    )
+    assert result.returncode == 3 and "AGENTSTREAM_PARTITIONS is 3" in result.stderr, result.stderr
+
+
+def test_unknown_stream_exits_4_with_one_line(stack: Stack, tmp_path: Path) -> None:
+    """Finding: `agent tail --no-follow` and `replay --path` of a stream without events exited 0 silently."""
+    nobody = f"/agents/nobody-{uuid.uuid4().hex[:8]}"
+    tail = agentstream(stack, "agent", "tail", nobody, "--no-follow")
+    assert (tail.returncode, tail.stdout) == (4, ""), tail.stderr
+    assert one_line(tail.stderr) and f"no events in {nobody}" in tail.stderr
+    replayed = agentstream(stack, "replay", "--quiet", "--path", nobody, "--out", str(tmp_path / "replay"))
+    assert replayed.returncode == 4, replayed.stdout + replayed.stderr
+    assert one_line(replayed.stderr) and f"no events of {nobody}" in replayed.stderr
+
+
+def test_malformed_path_is_one_line_saying_what_a_path_is(stack: Stack, tmp_path: Path) -> None:
+    """Finding: a malformed path printed pydantic's multi-line report with a URL."""
+    for args in (
+        ["agent", "say", "relative/path", "hi"],
+        ["agent", "tail", "/agents/with space", "--no-follow"],
+        ["agent", "show", "/agents/../etc"],
+        ["agent", "request", "/" + "x" * 600],
+        ["replay", "--quiet", "--path", "/agents/x/", "--out", str(tmp_path / "replay")],
+    ):
+        result = agentstream(stack, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert one_line(result.stderr), (args, result.stderr)
+        assert "http" not in result.stderr and "Traceback" not in result.stderr
+        assert "invalid stream path" in result.stderr
+        assert "a stream path is '/' followed by segments joined by '/', each 1-128 characters of" in result.stderr
+
+
+def test_say_timeout_names_no_cause_it_does_not_know(stack: Stack) -> None:
+    """Finding: `say --timeout 0.001` said the worker was not running although the append went through."""
+    path = agentstream(stack, "agent", "create").stdout.strip()
+    said = agentstream(stack, "agent", "say", path, "in a hurry", "--no-trigger", "--timeout", "0.001")
+    assert said.returncode == 3, said.stdout + said.stderr
+    assert one_line(said.stderr), said.stderr
+    assert "not running" not in said.stderr
+    assert f"the append to {path} was delivered to Kafka, but no outcome arrived within 0.001s" in said.stderr
+    assert f"agentstream agent tail {path} --no-follow" in said.stderr
+
+    def journaled() -> bool:
+        tail = agentstream(stack, "agent", "tail", path, "--no-follow")
+        return tail.stdout.rstrip().endswith("user [user]: in a hurry")
+
+    wait_until(journaled, 60, "the timed-out append in the journal", interval=0.5)
+
+
+def test_down_with_nothing_running_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any) -> None:
+    """Finding: `agentstream down` claimed to stop the broker and model when nothing ran.
+
+    The stack's real stop scripts run from a copy of the repository layout, so the shared broker
+    and any engineer's workers stay untouched.
+    """
+    from pipeline import cli, local_stack
+
+    scripts = tmp_path / "repo" / "scripts"
+    for name in ("kafka/stop.sh", "kafka/common.sh", "model/stop.sh"):
+        (scripts / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "scripts" / name, scripts / name)
+    monkeypatch.setattr(local_stack, "SCRIPTS", scripts)
+    monkeypatch.setattr(local_stack, "RUN_DIR", tmp_path / "repo" / ".local" / "run")
+
+    assert cli.main(["down"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "nothing was running (no live pid files under .local/)", out
+
+    # A worker that does run is stopped and named, and then nothing else is claimed.
+    fake = subprocess.Popen(["bash", "-c", "exec -a agentstream-fake-worker sleep 60"])
+    threading.Thread(target=fake.wait, daemon=True).start()  # reaped at once: a zombie would look alive
+    local_stack.RUN_DIR.mkdir(parents=True)
+    (local_stack.RUN_DIR / "worker-journal.pid").write_text(str(fake.pid))
+    wait_until(lambda: b"agentstream" in Path(f"/proc/{fake.pid}/cmdline").read_bytes(), 10, "the fake worker")
+    try:
+        assert cli.main(["down"]) == 0
+        assert capsys.readouterr().out.strip() == "stopped worker-journal"
+    finally:
+        fake.kill()
+
+
+def test_dlq_reason_labels_are_all_in_the_readme() -> None:
+    """Finding: the README's metric table missed `misrouted` (and the labels being added)."""
+    from pipeline.metrics import DLQ_REASON_LABELS, dlq_reason_label
+
+    samples = {
+        "not an append command: streamPath: missing": "not_a_command",
+        "idempotency key 'k' already names a different event at @3": "idempotency_conflict",
+        "record key b'x' is not the streamPath '/a'": "misrouted",
+        "/a belongs to partition 1, not 0: key appends by stream path": "misrouted",
+        "too_large: the command is 2000000 bytes, over maxEventBytes (921600)": "too_large",
+        "forbidden: events.iterate.com/llm-request/requested is written by the workers": "forbidden",
+        "internal_error: KeyError: 'x'": "internal_error",
+        "payload.role: Input should be 'user'": "invalid_payload",
+    }
+    assert {reason: dlq_reason_label(reason) for reason in samples} == samples
+    assert set(samples.values()) == set(DLQ_REASON_LABELS)
+    readme = (REPO / "README.md").read_text()
+    (row,) = [line for line in readme.splitlines() if line.startswith("| `agentstream_dlq_records_total`")]
+    assert all(f"`{label}`" in row for label in DLQ_REASON_LABELS), row

@@ -12,8 +12,8 @@ The assertions are on the journal, the source of truth (DESIGN: at-least-once de
 idempotence, proven by kill tests):
 - every stream's offsets are gapless 1..n, in journal order, and follow the order of sending;
 - every append is journaled exactly once (by content) and nothing else is journaled;
-- a receipt that came back names the journaled offset; one may time out only if its result record
-  was lost around a kill (its event must still be in the journal: nothing is missing);
+- every receipt comes back and names the journaled offset (every journaled command gets its
+  outcome, even when the worker died between journaling it and publishing the result);
 - `replay` of the journal equals the live store (`verify` finds no difference).
 
 Knobs (environment): AGENTSTREAM_KILL_SEED, AGENTSTREAM_KILL_APPENDS, AGENTSTREAM_KILL_RATE
@@ -217,19 +217,20 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
     assert all(e["type"] == CONTEXT_ADDED for events in journal.values() for e in events)
     assert stack.read_topic(client.topics.dlq, timeout=5) == []
 
-    # Receipts: results are published after the journal record is acknowledged. A command
-    # re-delivered after a kill is recognised as already journaled; its first result may have been
-    # lost with the killed worker. Any receipt that did come back must name the journaled offset.
+    # Every journaled command gets its outcome: a command re-delivered after a kill publishes its
+    # result again, and catch-up publishes the results of the events it re-folds, so no receipt
+    # times out and each names the journaled offset.
+    deadline = time.monotonic() + 60
     lost_results: list[str] = []
     for receipt, path, content in receipts:
         try:
-            result = receipt.result(timeout=0.001)
+            result = receipt.result(timeout=max(deadline - time.monotonic(), 0.001))
         except AppendTimeout:
-            lost_results.append(content)
+            lost_results.append(short(content))
             continue
         assert result.status in ("journaled", "duplicate"), (short(content), result)
         assert result.offset == offset_of[content], f"{path}: receipt of {short(content)} says @{result.offset}"
-    assert len(lost_results) < APPENDS // 4, f"{len(lost_results)} receipts never came back; {context_of_run}"
+    assert not lost_results, f"{len(lost_results)} receipts never came back, e.g. {lost_results[:10]}; {context_of_run}"
 
     # Replay the journal into a fresh store and compare with the live rows, the worker idle and
     # stopped cleanly.
@@ -247,5 +248,5 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
         f"{STREAMS} streams, {PARTITIONS} partitions, offered {RATE:.0f}/s; {len(kills)} SIGKILLs: {', '.join(kills)}; "
         f"producing {produced_s:.1f}s, journal complete at {drained_s:.1f}s, total {time.monotonic() - started:.1f}s "
         f"(replay {stats.seconds:.1f}s); catch-ups logged: {log.count('re-folded')}; "
-        f"{len(lost_results)} receipts without a result (journaled exactly once all the same)"
+        "every receipt came back"
     )

@@ -10,8 +10,11 @@ set; the restart test runs the caller as real processes that it SIGKILLs and SIG
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +39,7 @@ from schemas.events import (
     AppendCommand,
     parse_consumed_input,
 )
-from schemas.requests import COMPACTION_INSTRUCTION
+from schemas.requests import COMPACTION_INSTRUCTION, Message
 from tests.kafka_stack import BOOTSTRAP, REPO, Stack, ensure_broker, wait_until
 from tests.support.scripted_llm import (
     LLAMA_CPP_DEVELOPER_BODY,
@@ -44,15 +47,19 @@ from tests.support.scripted_llm import (
     Fail,
     Garbage,
     Hang,
+    OverflowStyle,
     Reply,
     ScriptedLLM,
     SlowStream,
     last_user_text,
+    overflow_response,
+    prompt_tokens,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 TIMEOUT_S = 3.0  # the shared caller's llm_timeout_s
+API_KEY = "sk-proj-Scripted0123456789abcdefXYZ"  # shaped like a real key: it must never be journaled
 MODEL = "m-small"
 CONTEXT_TOKENS = 4096
 
@@ -71,7 +78,7 @@ def caller_settings(stack: Stack, llm: ScriptedLLM, **overrides: Any) -> Setting
     values = stack.settings.model_dump()
     values.update(
         openai_base_url=llm.base_url,
-        openai_api_key="test-key",
+        openai_api_key=API_KEY,
         llm_transport="openai-compatible",
         llm_timeout_s=TIMEOUT_S,
         llm_max_in_flight=8,
@@ -182,7 +189,9 @@ def produce(stack: Stack, *records: dict[str, Any] | tuple[str, bytes]) -> None:
 def appends(stack: Stack, path: str) -> list[dict[str, Any]]:
     """The append commands for `path`, in produced order, each checked against the event contract."""
     commands = [
-        json.loads(m.value()) for m in stack.read_topic(stack.client.topics.appends) if m.key() == path.encode()
+        json.loads(m.value())
+        for m in stack.read_topic(stack.client.topics.internal_appends)
+        if m.key() == path.encode()
     ]
     for command in commands:
         AppendCommand.model_validate(command)
@@ -251,6 +260,140 @@ def test_failure_text_says_retrying_or_giving_up() -> None:
         == "LLM request @9 failed (attempt 3 of 3): boom. Giving up; a new message starts fresh."
     )
     assert [a.idempotencyKey for a in first] == ["agent/request/9/settled", "agent/request/9/error"]
+
+
+def test_secrets_never_reach_the_journal_error_text_is_scrubbed() -> None:
+    """Secrets never reach the journal: the configured key, authorization header values, bearer
+    tokens, `sk-` keys (also a provider's masked echo of one) and URL credentials are scrubbed."""
+    text = (
+        "Incorrect API key provided: sk-proj-****************************wxyz. "
+        f'request headers: {{"Authorization": "Bearer {API_KEY}", "x-api-key": "k-123456"}} '
+        "via https://bob:hunter2@proxy.local/v1?key=AIzaSy12345 with my-own-secret-key-1"
+    )
+    assert llm_outcomes.scrub(text, ["my-own-secret-key-1", None]) == (
+        "Incorrect API key provided: [redacted]. "
+        'request headers: {"Authorization": "[redacted]", "x-api-key": "[redacted]"} '
+        "via https://[redacted]@proxy.local/v1?key=[redacted] with [redacted]"
+    )
+    assert llm_outcomes.scrub(llm_outcomes.scrub(text)) == llm_outcomes.scrub(text)  # scrubbing twice changes nothing
+    # Text without credentials stays as it is; a placeholder key ("local") is not hunted for.
+    plain = "the local model is short of context: ask-me, risk-free, sk-learn, Bearer of news"
+    assert llm_outcomes.scrub(plain, ["local"]) == plain
+    # The failed settlement and its error event scrub too, whatever they are handed.
+    appends = llm_outcomes.failed(4, 1, 3, f"HTTP 401 from the provider: Authorization: Bearer {API_KEY}")
+    assert API_KEY not in json.dumps([a.event() for a in appends])
+    assert appends[0].payload["result"]["errorMessage"] == "HTTP 401 from the provider: Authorization: [redacted]"
+
+
+def test_context_overflow_is_recognised_in_each_servers_words() -> None:
+    """Context that outgrows the model: llama-cpp-python's, OpenAI's and llama.cpp's HTTP 400 for a
+    request over the window are overflows (with the window over the request size when they say
+    it); other client errors, rate limits and server errors are not."""
+    body = {"messages": [{"role": "user", "content": "x" * 4000}], "max_tokens": 64}
+    ratios = {"llama-cpp-python": 500 / 1064, "openai": 500 / 1064, "llama.cpp": 500 / 1000}
+    for style, ratio in ratios.items():
+        refused = overflow_response(style, 500, body)
+        assert refused is not None and overflow_response(style, 5000, body) is None
+        inner = refused["error"]
+        text = f"HTTP 400 from the provider: {inner['message']}"
+        assert llm_outcomes.is_context_overflow(400, inner, text), style  # the SDK hands over `error`
+        assert llm_outcomes.is_context_overflow(400, refused, text), style
+        assert llm_outcomes.overflow_ratio(inner, text) == pytest.approx(ratio), style
+    # A server that sets no code, in words only.
+    assert llm_outcomes.is_context_overflow(
+        400, None, "HTTP 400 from the provider: the request exceeds the available context size, try increasing it"
+    )
+    assert llm_outcomes.overflow_ratio(None, "no numbers here") is None
+    not_overflows = [
+        (400, {"message": "The model `x` does not exist", "code": "model_not_found"}),
+        (429, {"message": "Rate limit reached for tokens per min; maximum context length", "code": "rate_limit"}),
+        (500, {"message": "This model's maximum context length is 8 tokens", "code": "context_length_exceeded"}),
+        (None, None),
+    ]
+    for status, error in not_overflows:
+        text = str(error and error["message"])
+        assert not llm_outcomes.is_context_overflow(status, error, text), (status, error)
+
+
+def test_overflow_summary_calls_leave_out_only_the_oldest_history() -> None:
+    """The summary calls after an overflow keep the system messages and the last ones, leave out
+    more of the oldest history each time (the last call all it may), and say what they left out."""
+    history = [
+        Message(role="user" if i % 2 == 0 else "assistant", content=f"@{10 + i}\nturn {i} " + "y" * 400)
+        for i in range(10)
+    ]
+    head = [Message(role="system", content="protocol"), Message(role="system", content="@2\nbe terse")]
+    tail = [Message(role="user", content="@30\nwhat now?"), Message(role="system", content="Current date")]
+    messages = [*head, *history, *tail]
+    calls = llm_outcomes.summary_calls(messages, "openai-compatible", None)
+    assert 1 < len(calls) <= llm_outcomes.MAX_SUMMARY_CALLS
+    assert [c.dropped for c in calls] == sorted({c.dropped for c in calls})  # strictly more each time
+    assert calls[-1].dropped == len(history)
+    for call in calls:
+        sent = call.messages
+        assert sent[:2] == [{"role": "system", "content": "protocol"}, {"role": "system", "content": "@2\nbe terse"}]
+        assert sent[-3:] == [
+            {"role": "user", "content": "@30\nwhat now?"},
+            {"role": "system", "content": "Current date"},
+            {"role": "system", "content": COMPACTION_INSTRUCTION},
+        ]
+        assert (call.dropped_from, call.dropped_to) == (10, 10 + call.dropped - 1)
+        assert sent[2] == {
+            "role": "system",
+            "content": f"[{call.dropped} older messages (@10 to @{call.dropped_to}) are left out here: "
+            "with them the request exceeds the model's context window.]",
+        }
+        assert sent[3:-3] == llm_outcomes.provider_messages(history[call.dropped :])
+    # The provider's numbers aim the first call: a request 10 % over keeps more than a blind half.
+    aimed = llm_outcomes.summary_calls(messages, "openai", 1 / 1.1)
+    assert aimed[0].dropped < calls[0].dropped
+    assert aimed[0].messages[2]["role"] == "developer"  # the openai transport keeps the role
+
+
+def test_overflow_outcome_is_the_summary_then_a_failed_settlement_that_retries() -> None:
+    """Context that outgrows the model: the summary item replaces history through R (key derived
+    from R), then R settles failed saying the context was compacted and the request is retried (an
+    agent-loop trigger); at the last attempt it says it gives up. No summary: only the failure."""
+    call = llm_outcomes.SummaryCall([], dropped=3, dropped_from=5, dropped_to=9)
+    usage = {"inputTokens": 90, "outputTokens": 12}
+    error = "HTTP 400 from the provider: too long"
+    summary, settled, stream_error = llm_outcomes.overflow_compacted(12, 1, 3, error, "Plan B (@6).", usage, call)
+    assert (summary.type, summary.idempotencyKey) == (CONTEXT_ADDED, "agent/compact-context@overflow-12")
+    assert summary.payload == {
+        "role": "developer",
+        "content": "[Earlier conversation history was compacted through @12 because request @12 exceeded the "
+        "model's context window; the 3 oldest messages, @5 to @9, did not fit in the summary call and are not "
+        "summarized. Summary:]\n\nPlan B (@6).",
+        "compaction": {"replacesHistoryThrough": 12, "usage": usage},
+        "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
+    }
+    why = (
+        "the request exceeded the model's context window, so the context was compacted through @12 and the "
+        "request will be retried (HTTP 400 from the provider: too long)"
+    )
+    assert settled.event() == {
+        "type": LLM_REQUEST_SETTLED,
+        "payload": {"requestOffset": 12, "result": {"status": "failed", "errorMessage": why}},
+        "idempotencyKey": "agent/request/12/settled",
+    }
+    assert stream_error.payload["message"] == f"LLM request @12 failed (attempt 1 of 3): {why}. Retrying."
+    whole = llm_outcomes.overflow_compacted(12, 3, 3, error, "Plan B.", None, llm_outcomes.SummaryCall([]))
+    assert (
+        whole[0]
+        .payload["content"]
+        .startswith(
+            "[Earlier conversation history was compacted through @12 because request @12 exceeded the model's "
+            "context window. Summary:]"
+        )
+    )
+    assert "retried" not in whole[1].payload["result"]["errorMessage"]
+    assert whole[2].payload["message"].endswith("Giving up; a new message starts fresh.")
+    failed_too = llm_outcomes.overflow_not_compacted(12, 1, 3, error, "HTTP 500 from the provider: down")
+    assert [a.idempotencyKey for a in failed_too] == ["agent/request/12/settled", "agent/request/12/error"]
+    assert failed_too[0].payload["result"]["errorMessage"] == (
+        "the request exceeded the model's context window and compacting the context failed (HTTP 500 from the "
+        "provider: down); the request's error: HTTP 400 from the provider: too long"
+    )
 
 
 # --- the worker ------------------------------------------------------------------------------------
@@ -606,6 +749,178 @@ def test_rebalance_abandons_the_running_call_and_it_runs_again(tmp_path: Path, l
         caller.stop()
         stack.close()
     assert caller.error is None, caller.error
+
+
+# --- secrets and context overflow ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def window(llm: ScriptedLLM, tokens: int, style: OverflowStyle = "llama-cpp-python") -> Iterator[None]:
+    """The scripted model refuses requests over `tokens` in `style`'s words, for the block."""
+    llm.context_tokens, llm.overflow = tokens, style
+    try:
+        yield
+    finally:
+        llm.context_tokens = None
+
+
+def long_conversation(r: int) -> list[dict[str, str]]:
+    """Request R's messages: the system messages, ten ~100-token history items, the question, the
+    timestamp (about 1 100 tokens as the scripted model counts)."""
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"@{10 + i}\nturn {i} " + "y" * 400}
+        for i in range(10)
+    ]
+    return [
+        *conversation("unused")[:2],
+        *history,
+        {"role": "user", "content": f"@{r - 1} actor=user:cli\nwhat did we decide?"},
+        {"role": "system", "content": "Current date and time (UTC): 2026-12-02T10:13:51.123Z"},
+    ]
+
+
+def test_secrets_never_reach_the_journal_when_the_provider_echoes_the_authorization_header(
+    kit: tuple[Stack, ScriptedLLM], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Secrets never reach the journal: a 401 that quotes the request's Authorization header is
+    settled and reported without the key, and the caller's log does not carry it either."""
+    stack, llm = kit
+    caplog.set_level(logging.INFO, logger="agentstream.caller")
+    path = new_path()
+    llm.push(Fail(401, echo_headers=("authorization",)))
+    produce(stack, call(path, 6))
+    commands = wait_appends(stack, path, 2)
+    (request,) = llm.records
+    assert request.headers["Authorization"] == f"Bearer {API_KEY}"  # what the server echoed
+    assert shape(commands) == [("settled", "agent/request/6/settled"), ("error", "agent/request/6/error")]
+    error = "HTTP 401 from the provider: scripted failure (401) (authorization: Bearer [redacted])"
+    assert commands[0]["payload"]["result"] == {"status": "failed", "errorMessage": error}
+    assert commands[1]["payload"]["message"] == f"LLM request @6 failed (attempt 1 of 3): {error}. Retrying."
+    assert API_KEY not in json.dumps(commands)
+    assert error in caplog.text and API_KEY not in caplog.text
+
+
+def test_context_that_outgrows_the_model_is_compacted_and_r_settles_failed_to_be_retried(
+    kit: tuple[Stack, ScriptedLLM],
+) -> None:
+    """Context that outgrows the model recovers by itself: a call refused for exceeding the context
+    window (each server's words) is summarized from R's messages with the oldest history left out
+    until the summary call fits (the system messages and the last ones always kept), then the
+    summary item replaces history through R and R settles failed saying it will be retried."""
+    stack, llm = kit
+    for r, style in ((31, "llama-cpp-python"), (32, "openai"), (33, "llama.cpp")):
+        llm.reset()
+        path = new_path()
+        record = call(path, r, messages=long_conversation(r))
+        llm.push(Reply(f"We decided on plan B (@10) [{style}].", usage=(500, 12)))
+        with window(llm, 600, style):
+            produce(stack, record)
+            commands = wait_appends(stack, path, 3)
+        assert shape(commands) == [
+            ("context", f"agent/compact-context@overflow-{r}"),
+            ("settled", f"agent/request/{r}/settled"),
+            ("error", f"agent/request/{r}/error"),
+        ], style
+        refused, *summaries = llm.records
+        assert refused.response == "context-overflow" and refused.body["messages"] == record["messages"]
+        accepted = summaries[-1]
+        assert all(s.response == "context-overflow" for s in summaries[:-1]) and accepted.response == "reply"
+        sent = accepted.body["messages"]
+        assert prompt_tokens(accepted.body) < 600
+        assert sent[:2] == record["messages"][:2]  # the system messages
+        assert sent[-3:] == [*record["messages"][-2:], {"role": "system", "content": COMPACTION_INSTRUCTION}]
+        notice = re.fullmatch(
+            r"\[(\d+) older messages \(@10 to @(\d+)\) are left out here: with them the request exceeds the "
+            r"model's context window\.\]",
+            sent[2]["content"],
+        )
+        assert notice is not None and sent[2]["role"] == "system", sent[2]
+        dropped = int(notice[1])
+        assert int(notice[2]) == 10 + dropped - 1 and 0 < dropped <= 10
+        assert sent[3:-3] == record["messages"][2 + dropped : -2]  # the newest history, verbatim
+
+        summary, settled, error = (c["payload"] for c in commands)
+        assert summary == {
+            "role": "developer",
+            "content": f"[Earlier conversation history was compacted through @{r} because request @{r} exceeded "
+            f"the model's context window; the {dropped} oldest messages, @10 to @{9 + dropped}, did not fit in the "
+            f"summary call and are not summarized. Summary:]\n\nWe decided on plan B (@10) [{style}].",
+            "compaction": {"replacesHistoryThrough": r, "usage": {"inputTokens": 500, "outputTokens": 12}},
+            "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
+        }
+        message = settled["result"]["errorMessage"]
+        assert settled["result"]["status"] == "failed" and message.startswith(
+            f"the request exceeded the model's context window, so the context was compacted through @{r} and the "
+            "request will be retried (HTTP 400 from the provider: "
+        ), message
+        assert error["message"].startswith(f"LLM request @{r} failed (attempt 1 of 3): ")
+        assert error["message"].endswith(". Retrying.")
+
+
+def test_a_failed_summary_call_appends_nothing_beyond_the_failed_settlement(kit: tuple[Stack, ScriptedLLM]) -> None:
+    """When no summary call fits (the system messages and the newest alone are over the window) or a
+    summary call fails otherwise, R settles failed (with its error event) and nothing else."""
+    stack, llm = kit
+    tiny, broken = new_path(), new_path()
+    with window(llm, 40):
+        produce(stack, call(tiny, 41, messages=long_conversation(41)))
+        commands = wait_appends(stack, tiny, 2)
+        assert 2 <= len(llm.records) <= 1 + llm_outcomes.MAX_SUMMARY_CALLS
+        assert all(r.response == "context-overflow" for r in llm.records)
+        assert shape(commands) == [("settled", "agent/request/41/settled"), ("error", "agent/request/41/error")]
+        assert commands[0]["payload"]["result"]["errorMessage"].startswith(
+            "the request exceeded the model's context window and compacting the context failed (HTTP 400 from the "
+            "provider: This model's maximum context length is 40 tokens."
+        )
+
+        llm.reset()
+        llm.script(Fail(500))  # the first summary call fails for another reason: no more calls
+    with window(llm, 600):
+        produce(stack, call(broken, 42, messages=long_conversation(42)))
+        commands = wait_appends(stack, broken, 2)
+        assert [r.response for r in llm.records] == ["context-overflow", "fail"]
+    assert shape(commands) == [("settled", "agent/request/42/settled"), ("error", "agent/request/42/error")]
+    assert (
+        "compacting the context failed (HTTP 500 from the provider: scripted failure (500))"
+        in (commands[0]["payload"]["result"]["errorMessage"])
+    )
+    time.sleep(0.5)
+    assert len(appends(stack, tiny)) == 2 and len(appends(stack, broken)) == 2
+
+
+def test_a_compaction_whose_summary_call_is_over_the_window_leaves_out_the_oldest_history(
+    kit: tuple[Stack, ScriptedLLM],
+) -> None:
+    """§4.5 with a summary call that exceeds the window itself: it is retried with the oldest
+    history left out, and the summary item says what it does not cover."""
+    stack, llm = kit
+    path = new_path()
+    record = {
+        "kind": "compact",
+        "streamPath": path,
+        "requestOffset": 31,
+        "reportOffset": 34,
+        "model": MODEL,
+        "transport": "openai-compatible",
+        "tokens": 1200,
+        "threshold": 300,
+        "messages": long_conversation(31),
+    }
+    llm.push(Reply("Plan B (@10).", usage=None))
+    with window(llm, 600):
+        produce(stack, record)
+        commands = wait_appends(stack, path, 1)
+    assert shape(commands) == [("context", "agent/compact-context@34")]
+    first, *_, accepted = llm.records
+    assert first.body["messages"] == [*record["messages"], {"role": "system", "content": COMPACTION_INSTRUCTION}]
+    assert first.response == "context-overflow" and accepted.response == "reply"
+    content = commands[0]["payload"]["content"]
+    assert re.fullmatch(
+        r"\[Earlier conversation history was compacted through @31 \(~1200 tokens > 300; the \d+ oldest messages, "
+        r"@10 to @\d+, did not fit in the summary call and are not summarized\)\. Summary:\]\n\nPlan B \(@10\)\.",
+        content,
+    ), content
+    assert commands[0]["payload"]["compaction"] == {"replacesHistoryThrough": 31}
 
 
 # --- restarts --------------------------------------------------------------------------------------

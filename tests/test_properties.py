@@ -9,6 +9,7 @@ configuration and invalid payloads.
 from __future__ import annotations
 
 import io
+import operator
 from typing import Any
 
 import orjson
@@ -17,7 +18,19 @@ from hypothesis import strategies as st
 
 from pipeline.fold_command import fold_lines
 from processors.reducer import fold
-from processors.render import TRANSPORTS, projection_json, render_messages, turn_json
+from processors.render import (
+    CONTEXT_PROTOCOL,
+    MIN_ITEM_BYTES,
+    MIN_REQUEST_BYTES,
+    TIMESTAMP_PREFIX,
+    TRANSPORTS,
+    RenderBudget,
+    omitted_notice,
+    projection_json,
+    render_cell,
+    render_messages,
+    turn_json,
+)
 from processors.state import AgentState, Cell
 from schemas.context import EXTERNAL_ACTOR_TYPES
 from schemas.events import (
@@ -337,3 +350,126 @@ def test_2_projection_matches_a_naive_model_of_rules_2_1_to_2_6(j: Journal) -> N
                 else:  # §2.3 unpublished: in place, inheriting updatesOffset
                     lane[found[-1]] = (*row[:4], lane[found[-1]][4])
         assert lanes(state) == (system, history, published), f"after @{event.offset}"
+
+
+# --- §3 size budget: any projection renders within its budget ---------------------------------------
+
+# Contents up to a few kB, in characters whose JSON takes 1 to 6 bytes each.
+SIZED_CONTENTS = st.one_of(
+    st.sampled_from(CONTENTS),
+    st.builds(operator.mul, st.sampled_from(["x", "é", "\x01", "🙂", '"', "a\n"]), st.integers(0, 4000)),
+)
+
+
+@st.composite
+def sized_journals(draw: st.DrawFn) -> Journal:
+    """Journals whose projections are often far larger than the budgets drawn with them."""
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    for _ in range(draw(st.integers(1, 24))):
+        kind = draw(st.sampled_from(["history"] * 6 + ["system", "system", "turn", "compaction"]))
+        content = draw(SIZED_CONTENTS)
+        if kind == "history":
+            role = draw(st.sampled_from(["developer", "user", "user", "assistant"]))
+            files = [FILE] if draw(st.integers(0, 9)) == 0 else None
+            j.item(role, content, key=draw(st.sampled_from(KEYS)), actor=draw(st.sampled_from(ACTORS)), files=files)
+        elif kind == "system":
+            j.system(content, key=draw(st.sampled_from(KEYS)))
+        elif kind == "turn":
+            r = j.request()
+            j.assistant(content, llmRequestOffset=r)
+            j.settle(r, "succeeded")
+        else:
+            j.compaction(through=draw(st.integers(1, j.last)), summary=content)
+    j.request()
+    return j
+
+
+@st.composite
+def budgets(draw: st.DrawFn) -> RenderBudget:
+    request_bytes = draw(st.integers(MIN_REQUEST_BYTES, 48 * 1024))
+    return RenderBudget(request_bytes, draw(st.integers(MIN_ITEM_BYTES, request_bytes)))
+
+
+def json_bytes(value: Any) -> int:
+    return len(orjson.dumps(value))
+
+
+@PROPERTY_SETTINGS
+@given(sized_journals(), budgets(), st.sampled_from(TRANSPORTS))
+def test_3_budget_a_request_is_never_over_its_budget(j: Journal, budget: RenderBudget, transport: Any) -> None:
+    """Whatever the projection holds: the messages fit the request budget, every item the item cap."""
+    r = j.last
+    messages = render_messages(fresh(j.decoded()), transport, j.created_at(r), budget)
+    assert json_bytes(messages) <= budget.request_bytes
+    assert messages[0]["content"] == CONTEXT_PROTOCOL
+    assert messages[-1]["content"] == TIMESTAMP_PREFIX + j.created_at(r)
+    assert all(json_bytes(m["content"]) <= budget.item_bytes for m in messages[1:-1])
+
+
+@PROPERTY_SETTINGS
+@given(sized_journals(), budgets(), st.sampled_from(TRANSPORTS))
+def test_3_budget_rendering_is_deterministic_so_a_retry_is_byte_identical(
+    j: Journal, budget: RenderBudget, transport: Any
+) -> None:
+    r = j.last
+    events = j.decoded()
+    state = fresh(events)
+    first = dump(render_messages(state, transport, j.created_at(r), budget))
+    assert dump(render_messages(state, transport, j.created_at(r), budget)) == first  # cached cells
+    assert dump(render_messages(fresh(events), transport, j.created_at(r), budget)) == first  # a fresh fold
+
+
+@PROPERTY_SETTINGS
+@given(sized_journals(), st.sampled_from(TRANSPORTS), st.data())
+def test_3_budget_a_request_within_its_budget_renders_exactly_as_without_one(
+    j: Journal, transport: Any, data: st.DataObject
+) -> None:
+    r = j.last
+    state = fresh(j.decoded())
+    unlimited = render_messages(state, transport, j.created_at(r), None)
+    needed = max(MIN_REQUEST_BYTES, json_bytes(unlimited))
+    largest = max([MIN_ITEM_BYTES, *(json_bytes(m["content"]) for m in unlimited[1:-1])])
+    request_bytes = data.draw(st.integers(needed, needed + 2000), label="request_bytes")
+    item_bytes = data.draw(st.integers(largest, max(largest, request_bytes)), label="item_bytes")
+    budget = RenderBudget(request_bytes, item_bytes)
+    assert dump(render_messages(state, transport, j.created_at(r), budget)) == dump(unlimited)
+
+
+@PROPERTY_SETTINGS
+@given(journals())
+def test_3_budget_ordinary_requests_render_unchanged_under_the_default_budget(j: Journal) -> None:
+    events = j.decoded()
+    for end in [*request_offsets(events), j.last]:
+        state = fresh(events, end)
+        for transport in TRANSPORTS:
+            budgeted = render_messages(state, transport, j.created_at(end))
+            assert dump(budgeted) == dump(render_messages(state, transport, j.created_at(end), None))
+
+
+@PROPERTY_SETTINGS
+@given(sized_journals(), budgets(), st.sampled_from(TRANSPORTS))
+def test_3_budget_only_the_oldest_history_is_left_out_and_one_notice_names_it(
+    j: Journal, budget: RenderBudget, transport: Any
+) -> None:
+    r = j.last
+    state = fresh(j.decoded())
+    messages = render_messages(state, transport, j.created_at(r), budget)
+    notices = [i for i, m in enumerate(messages) if m["content"].startswith("[Left out of this request to keep")]
+    assert len(notices) <= 1
+    history = state.history.cells
+    if not notices:
+        kept = messages[len(messages) - 1 - len(history) : -1]
+        omitted: list[Cell] = []
+    else:
+        kept = messages[notices[0] + 1 : -1]
+        omitted = history[: len(history) - len(kept)]
+        assert omitted, "a notice with nothing left out"
+        offsets = [cell.offset for cell in omitted]
+        chars = sum(len(render_cell(cell)[1]) for cell in omitted)
+        assert messages[notices[0]]["content"] == omitted_notice(len(omitted), min(offsets), max(offsets), chars)
+    # What is kept is the newest history, in lane order, each item under its own header (or cut).
+    for cell, message in zip(history[len(omitted) :], kept, strict=True):
+        assert message["content"].startswith(f"@{cell.offset}") or message["content"].endswith(
+            f"The journal keeps it whole at @{cell.offset}.]"
+        )

@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
 
 from processors.render import (
     CONTEXT_PROTOCOL,
+    DEFAULT_BUDGET,
+    MIN_ITEM_BYTES,
+    MIN_REQUEST_BYTES,
     TIMESTAMP_PREFIX,
+    TRANSPORTS,
+    RenderBudget,
+    cut_notice,
     neutral_role,
+    omitted_notice,
+    omitted_system_notice,
     projection_json,
     provider_role,
     render_actor,
@@ -20,6 +29,7 @@ from processors.render import (
 )
 from processors.state import AgentState
 from schemas.context import ContextItem
+from schemas.requests import MAX_MESSAGES_BYTES, MAX_RECORD_BYTES
 from tests.journal import DONT_TRIGGER, Journal
 
 HEADER_EXAMPLE = (
@@ -383,3 +393,150 @@ def test_3_2_files_are_carried_on_the_message_and_the_projection_does_not_change
         assert "files" not in messages[2]
     assert projection_json(state) == before
     assert before["history"][0]["files"] == [attachment]
+
+
+# --- size budget: every request fits its record, whatever the projection holds ----------------------
+
+
+def size(value: Any) -> int:
+    return len(orjson.dumps(value))
+
+
+def test_3_budget_an_item_over_the_item_cap_renders_cut_with_a_notice_naming_its_offset() -> None:
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    big = j.user("é" * 2000)  # 4 000 bytes of UTF-8
+    small = j.user("hello")
+    r = j.request()
+    budget = RenderBudget(request_bytes=16 * 1024, item_bytes=1024)
+    messages = render_messages(j.fold(), "openai", j.created_at(r), budget)
+    cut = messages[2]["content"]
+    shown = cut.index("\n[Item")
+    header = f"@{big}\n"
+    assert cut == header + "é" * (shown - len(header)) + cut_notice(big, shown, len(header) + 2000)
+    assert cut.endswith(f"characters are shown. The journal keeps it whole at @{big}.]")
+    assert size(cut) <= 1024 < size(cut) + len("é".encode())  # as much as fits, not less
+    # Everything else renders exactly as without a budget.
+    unlimited = render_messages(j.fold(), "openai", j.created_at(r), None)
+    assert messages[:2] == unlimited[:2] and messages[3:] == unlimited[3:]
+    assert messages[3]["content"] == f"@{small}\nhello"
+
+
+def test_3_budget_over_the_request_budget_the_oldest_history_goes_behind_one_notice() -> None:
+    j = Journal()
+    prompt = j.system("policy", key="agent/system-prompt")
+    old = [j.user("x" * 3000) for _ in range(4)]
+    answer = j.assistant("a" * 3000)
+    newest = j.user("what now?")
+    r = j.request()
+    budget = RenderBudget(request_bytes=12 * 1024, item_bytes=4 * 1024)
+    for transport in TRANSPORTS:
+        messages = render_messages(j.fold(), transport, j.created_at(r), budget)
+        assert size(messages) <= budget.request_bytes
+        assert messages[0]["content"] == CONTEXT_PROTOCOL
+        assert messages[1]["content"] == f'@{prompt} key="agent/system-prompt"\npolicy'  # the system lane stays
+        developer = "developer" if transport == "openai" else "system"
+        unlimited = render_messages(j.fold(), transport, j.created_at(r), None)
+        # The oldest items went behind one notice; the newest history is kept as it is, in order.
+        kept = len(messages) - 4  # protocol, system item, notice, timestamp
+        omitted = 6 - kept
+        assert 1 <= omitted < 4
+        assert messages[2] == {
+            "role": developer,
+            "content": omitted_notice(omitted, old[0], old[omitted - 1], omitted * len(f"@{old[0]}\n" + "x" * 3000)),
+        }
+        assert messages[2]["content"].startswith(
+            f"[Left out of this request to keep it within its size limit: {omitted} earlier history items, "
+            f"@{old[0]} to @{old[omitted - 1]} ("
+        )
+        assert messages[3:] == unlimited[2 + omitted :]
+        assert messages[-2]["content"] == f"@{newest}\nwhat now?" and f"@{answer}\n" in messages[-3]["content"]
+        # As much history as fits: one more item would not.
+        assert size(messages) + size(unlimited[1 + omitted]) + 1 > budget.request_bytes
+        assert render_messages(j.fold(), transport, j.created_at(r), budget) == messages  # deterministic
+
+
+def test_3_budget_the_system_lane_always_renders_even_when_it_alone_is_over() -> None:
+    j = Journal()
+    system = [j.system("s" * 6000, key=f"slot-{i}") for i in range(3)]
+    history = j.user("hi")
+    r = j.request()
+    budget = RenderBudget(request_bytes=MIN_REQUEST_BYTES, item_bytes=MIN_REQUEST_BYTES)
+    messages = render_messages(j.fold(), "openai", j.created_at(r), budget)
+    assert size(messages) <= budget.request_bytes
+    for offset, message in zip(system, messages[1:4], strict=True):
+        assert message["role"] == "system" and message["content"].startswith(f'@{offset} key="slot-')
+        assert message["content"].endswith(f"The journal keeps it whole at @{offset}.]")
+    assert messages[4]["content"] == f"@{history}\nhi"  # the system items left room for the rest
+
+
+def test_3_budget_a_request_within_budget_renders_exactly_as_without_one() -> None:
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    for i in range(20):
+        j.user(f"message {i} " + "\x01" * 50)  # escapes count 6 bytes each: the exact path decides
+    r = j.request()
+    state = j.fold()
+    unlimited = render_messages(state, "openai", j.created_at(r), None)
+    tight = RenderBudget(request_bytes=max(MIN_REQUEST_BYTES, size(unlimited)), item_bytes=1024)
+    assert render_messages(state, "openai", j.created_at(r), tight) == unlimited
+    assert render_messages(state, "openai", j.created_at(r)) == unlimited  # the default budget
+
+
+def test_3_budget_two_600_kb_items_then_a_normal_one_fit_one_llm_requests_record() -> None:
+    """The finding: such a request was 1 202 141 bytes and could not be published."""
+    j = Journal("/agents/" + "p" * 120 + "/" + "q" * 120)
+    j.system("policy", key="agent/system-prompt")
+    first, second = j.user("a" * 600_000), j.user("b" * 600_000)
+    j.user("and now something normal")
+    r = j.request()
+    messages = render_messages(j.fold(), "openai-compatible", j.created_at(r))
+    record = {
+        "kind": "call",
+        "streamPath": j.stream_path,
+        "requestOffset": r,
+        "model": "m" * 200,
+        "transport": "openai-compatible",
+        "expiresAt": 2**53,
+        "attempt": 1,
+        "maxAttempts": 3,
+        "messages": messages,
+    }
+    assert size(messages) <= DEFAULT_BUDGET.request_bytes
+    assert size(record) + len(j.stream_path) <= MAX_RECORD_BYTES  # value and key
+    for offset, message in ((first, messages[2]), (second, messages[3])):
+        assert size(message["content"]) <= DEFAULT_BUDGET.item_bytes
+        assert message["content"].endswith(f"The journal keeps it whole at @{offset}.]")
+    assert messages[4]["content"].endswith("and now something normal")
+
+
+def test_3_budget_limits_are_checked() -> None:
+    with pytest.raises(ValueError, match="request budget"):
+        RenderBudget(request_bytes=MAX_MESSAGES_BYTES + 1)
+    with pytest.raises(ValueError, match="request budget"):
+        RenderBudget(request_bytes=MIN_REQUEST_BYTES - 1)
+    with pytest.raises(ValueError, match="item budget"):
+        RenderBudget(request_bytes=MIN_REQUEST_BYTES, item_bytes=MIN_REQUEST_BYTES + 1)
+    with pytest.raises(ValueError, match="item budget"):
+        RenderBudget(item_bytes=MIN_ITEM_BYTES - 1)
+
+
+def test_3_budget_when_even_cut_system_items_cannot_all_fit_the_newest_go_behind_a_notice() -> None:
+    j = Journal()
+    system = [j.system("s" * 2000) for _ in range(40)]
+    history = j.user("hi")
+    r = j.request()
+    budget = RenderBudget(request_bytes=MIN_REQUEST_BYTES, item_bytes=MIN_REQUEST_BYTES)
+    messages = render_messages(j.fold(), "openai", j.created_at(r), budget)
+    assert size(messages) <= budget.request_bytes
+    notice = next(i for i, m in enumerate(messages) if m["content"].startswith("[Left out of this request because"))
+    kept = messages[1:notice]
+    assert kept and all(
+        m["content"].startswith(f"@{offset}\n") and size(m["content"]) <= MIN_ITEM_BYTES
+        for offset, m in zip(system, kept, strict=False)
+    )
+    assert messages[notice]["content"] == omitted_system_notice(len(system) - len(kept), system[len(kept)], system[-1])
+    assert messages[notice + 1 :] == [
+        {"role": "user", "content": f"@{history}\nhi"},  # the room kept for a history notice holds it
+        {"role": "developer", "content": TIMESTAMP_PREFIX + j.created_at(r)},
+    ]

@@ -153,7 +153,7 @@ def test_1_2_every_actor_form_is_accepted(actor: dict[str, Any]) -> None:
         ({"type": "user", "origin": "sms"}, ["payload.actor.origin", "'sms'"]),
         ({"type": "user"}, ["payload.actor.origin", "required field is missing"]),
         ({"type": "agent"}, ["payload.actor.path", "required field is missing"]),
-        ({"type": "agent", "path": ""}, ["payload.actor.path", "at least 1 character"]),
+        ({"type": "agent", "path": ""}, ["payload.actor.path", "invalid stream path"]),
         ({"type": "script"}, ["payload.actor.executionId", "required field is missing"]),
         ({"type": "integration"}, ["payload.actor.name", "required field is missing"]),
         ({"type": "robot"}, ["payload.actor", "unknown type 'robot'", "'slack'", "'github'"]),

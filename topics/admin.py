@@ -2,22 +2,75 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from topics.names import TopicSpec
 
+# librdkafka's own log lines (e.g. one `FAIL` per connection attempt: hundreds while a bootstrap
+# server is wrong) go here instead of stderr. The NullHandler keeps them quiet in the CLI, whose
+# error is one line of its own; a worker that configures logging sees them with its other logs.
+KAFKA_LOG = logging.getLogger("agentstream.kafka")
+KAFKA_LOG.addHandler(logging.NullHandler())
 
-class TopicMismatchError(RuntimeError):
+
+def quiet_librdkafka(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A confluent-kafka config whose librdkafka logs (errors only) go to `KAFKA_LOG`, not stderr."""
+    return {"log_level": 3, **config, "logger": KAFKA_LOG}
+
+
+class KafkaSetupError(RuntimeError):
+    """Kafka cannot be reached, or the topic set is missing or does not match the settings."""
+
+
+class TopicMismatchError(KafkaSetupError):
     """An existing topic does not have the partitions or configs agentstream needs."""
 
 
-def admin_client(bootstrap: str, client_config: dict[str, str] | None = None) -> AdminClient:
-    # log_level 3 (error): librdkafka otherwise logs every failed connection attempt.
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3, **(client_config or {})})
+def admin_client(bootstrap: str, client_config: Mapping[str, str] | None = None) -> AdminClient:
+    return AdminClient(quiet_librdkafka({"bootstrap.servers": bootstrap, **(client_config or {})}))
+
+
+def require_topics(
+    bootstrap: str,
+    names: Sequence[str],
+    partitions: int,
+    *,
+    client_config: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
+) -> None:
+    """Check that Kafka answers and that every topic in `names` exists with `partitions` partitions.
+
+    Raises `KafkaSetupError` with one line saying what to fix (a command then exits 3 at once
+    instead of failing later with a less telling error).
+    """
+    admin = admin_client(bootstrap, client_config)
+    try:
+        topics = admin.list_topics(timeout=timeout).topics
+    except KafkaException as error:
+        reason = error.args[0].str() if error.args else str(error)
+        raise KafkaSetupError(
+            f"cannot reach Kafka at {bootstrap} within {timeout:g}s ({reason}); "
+            "check AGENTSTREAM_BOOTSTRAP_SERVERS and that the broker runs"
+        ) from None
+    missing = [name for name in names if name not in topics or topics[name].error is not None]
+    if missing:
+        raise KafkaSetupError(
+            f"topic{'s' if len(missing) > 1 else ''} {', '.join(missing)} not found at {bootstrap}; "
+            "run `agentstream topics ensure` (or check AGENTSTREAM_TOPIC_PREFIX)"
+        )
+    for name in names:
+        actual = len(topics[name].partitions)
+        if actual != partitions:
+            raise TopicMismatchError(
+                f"topic {name} has {actual} partitions but AGENTSTREAM_PARTITIONS is {partitions}; "
+                "set it to the topics' partition count"
+            )
 
 
 def ensure_topics(
@@ -32,10 +85,15 @@ def ensure_topics(
     Returns the names created. Raises `TopicMismatchError` naming topic, setting, expected and actual.
     """
     admin = admin_client(bootstrap, client_config)
+    reach = min(timeout, 10.0)  # a broker that answers at all answers metadata at once
     try:
-        existing = admin.list_topics(timeout=timeout).topics
+        existing = admin.list_topics(timeout=reach).topics
     except KafkaException as error:
-        raise TopicMismatchError(f"cannot reach Kafka at {bootstrap}: {error}") from None
+        reason = error.args[0].str() if error.args else str(error)
+        raise KafkaSetupError(
+            f"cannot reach Kafka at {bootstrap} within {reach:g}s ({reason}); "
+            "check AGENTSTREAM_BOOTSTRAP_SERVERS and that the broker runs"
+        ) from None
     missing = [spec for spec in specs if spec.name not in existing]
     created: list[str] = []
     if missing:

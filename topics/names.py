@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schemas.requests import MAX_RECORD_BYTES
+
 DAY_MS = 24 * 60 * 60 * 1000
+# Records of llm-requests: the largest request the render budget allows, plus the envelope.
+LLM_REQUESTS_MAX_MESSAGE_BYTES = MAX_RECORD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
     appends: str
+    internal_appends: str  # commands only the workers write (CONTRACT §5.1); ACLs can restrict it
     journal: str
     llm_requests: str
     dlq: str
@@ -33,6 +38,7 @@ class TopicSpec:
 def topic_names(prefix: str = "") -> TopicNames:
     return TopicNames(
         appends=f"{prefix}agent-appends",
+        internal_appends=f"{prefix}agent-internal-appends",
         journal=f"{prefix}agent-journal",
         llm_requests=f"{prefix}llm-requests",
         dlq=f"{prefix}agent-dlq",
@@ -47,6 +53,8 @@ def topic_specs(prefix: str = "", partitions: int = 8, replication_factor: int =
     transient = {"cleanup.policy": "delete", "retention.ms": str(7 * DAY_MS)}
     return [
         TopicSpec(names.appends, partitions, replication_factor, transient),
+        # Co-partitioned with agent-appends: the same journal writer consumes both.
+        TopicSpec(names.internal_appends, partitions, replication_factor, transient),
         # The source of truth: infinite retention, no compaction (every event is kept).
         TopicSpec(
             names.journal,
@@ -54,7 +62,14 @@ def topic_specs(prefix: str = "", partitions: int = 8, replication_factor: int =
             replication_factor,
             {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"},
         ),
-        TopicSpec(names.llm_requests, partitions, replication_factor, transient),
+        # A request body may be several MB (the renderer's budget, schemas.requests): the broker's
+        # default of ~1 MB would refuse it and stop the journal worker.
+        TopicSpec(
+            names.llm_requests,
+            partitions,
+            replication_factor,
+            {**transient, "max.message.bytes": str(LLM_REQUESTS_MAX_MESSAGE_BYTES)},
+        ),
         # Bad input is kept long enough for a person to look at it.
         TopicSpec(
             names.dlq, partitions, replication_factor, {"cleanup.policy": "delete", "retention.ms": str(30 * DAY_MS)}

@@ -25,6 +25,12 @@ API is thread-safe)::
 ``ScriptedLLM(developer_role="reject", stream_usage=False)`` behaves like the embedded
 llama-cpp-python server: a ``developer`` message gets HTTP 500, streams carry no usage chunk.
 
+``ScriptedLLM(context_tokens=N, overflow="llama-cpp-python" | "openai" | "llama.cpp")`` refuses a
+chat request larger than an N-token window (tokens counted as ceil(chars / 4) per message, like
+the auto usage) with HTTP 400 in that server's words, without consuming the script.
+``Fail(401, echo_headers=("authorization",))`` quotes request headers in its error message, like
+a provider or proxy that echoes credentials back.
+
 Inside a running event loop use ``await llm.astart()`` / ``await llm.astop()`` instead (then
 use the async waiters ``await llm.await_requests(...)``, never the blocking ones).
 
@@ -99,13 +105,15 @@ class SlowStream:
 
 @dataclasses.dataclass(frozen=True)
 class Fail:
-    """An HTTP error. ``body``: dict → JSON; str/bytes → sent raw; None → OpenAI-style error."""
+    """An HTTP error. ``body``: dict → JSON; str/bytes → sent raw; None → OpenAI-style error.
+    ``echo_headers``: request headers (case-insensitive names) quoted in the OpenAI-style message."""
 
     status: int = 500
     body: dict[str, Any] | str | bytes | None = None
     content_type: str = "application/json"
     headers: tuple[tuple[str, str], ...] = ()
     delay: float = 0.0
+    echo_headers: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,11 +252,15 @@ class ScriptedLLM:
         developer_role: Literal["accept", "reject"] = "accept",
         stream_usage: bool = True,
         record: bool = True,
+        context_tokens: int | None = None,
+        overflow: OverflowStyle = "llama-cpp-python",
     ) -> None:
         """``developer_role="reject"`` answers any request containing a ``developer`` message the
         way llama-cpp-python does (HTTP 500, see ``LLAMA_CPP_DEVELOPER_BODY``) without consuming
         the script. ``stream_usage=False`` ignores ``stream_options.include_usage`` like
-        llama-cpp-python (no usage chunk in streams). ``record=False`` keeps no records."""
+        llama-cpp-python (no usage chunk in streams). ``record=False`` keeps no records.
+        ``context_tokens``: the model's window; a larger request is refused the way ``overflow``
+        says (see ``overflow_response``)."""
         self.host = host
         self._requested_port = port
         self.model = model
@@ -256,6 +268,8 @@ class ScriptedLLM:
         self.developer_role = developer_role
         self.stream_usage = stream_usage
         self.record = record
+        self.context_tokens = context_tokens
+        self.overflow = overflow
         self.port: int | None = None
         self.request_count = 0
         self._script: collections.deque[ScriptEntry] = collections.deque()
@@ -540,6 +554,14 @@ class ScriptedLLM:
             self._finish(rec, completed=True, status=LLAMA_CPP_DEVELOPER_STATUS)
             return web.json_response(LLAMA_CPP_DEVELOPER_BODY, status=LLAMA_CPP_DEVELOPER_STATUS)
 
+        refused = (
+            overflow_response(self.overflow, self.context_tokens, body) if self.context_tokens is not None else None
+        )
+        if refused is not None:
+            rec.response = "context-overflow"
+            self._finish(rec, completed=True, status=400)
+            return web.json_response(refused, status=400)
+
         entry = self._next_entry(body)
         rec.response = _kind(entry)
         if entry.delay > 0:
@@ -547,7 +569,7 @@ class ScriptedLLM:
 
         if isinstance(entry, Fail):
             self._finish(rec, completed=True, status=entry.status)
-            return _fail_response(entry)
+            return _fail_response(entry, rec.headers)
         if isinstance(entry, Garbage):
             self._finish(rec, completed=True, status=200)
             if entry.kind == "no-choices":
@@ -734,6 +756,59 @@ def _approx_tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
+OverflowStyle = Literal["llama-cpp-python", "openai", "llama.cpp"]
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The request's prompt size as this server counts it (as the auto usage does)."""
+    return sum(_approx_tokens(_content_text(m.get("content"))) for m in body["messages"] if isinstance(m, dict))
+
+
+def overflow_response(style: OverflowStyle, window: int, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The HTTP 400 body a server of this style answers a request over its window with (None: it fits).
+
+    llama-cpp-python 0.3.x refuses when the prompt alone reaches n_ctx (llama_cpp/llama.py) and
+    rewrites the error in OpenAI's words (llama_cpp/server/errors.py); OpenAI counts the completion
+    tokens too; llama.cpp's own server answers `exceed_context_size_error` with both numbers.
+    """
+    prompt = prompt_tokens(body)
+    completion = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+    if style == "openai":
+        if prompt + completion <= window:
+            return None
+        return {
+            "error": {
+                "message": f"This model's maximum context length is {window} tokens. However, your messages "
+                f"resulted in {prompt + completion} tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+    if prompt < window:
+        return None
+    if style == "llama.cpp":
+        return {
+            "error": {
+                "code": 400,
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": prompt,
+                "n_ctx": window,
+            }
+        }
+    return {
+        "error": {
+            "message": f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{prompt + completion} tokens ({prompt} in the messages, {completion} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
 def _usage(spec: UsageSpec, shape: str, body: dict[str, Any], text: str) -> dict[str, Any] | None:
     if spec is None:
         return None
@@ -763,10 +838,12 @@ def _error_response(status: int, message: str) -> web.Response:
     )
 
 
-def _fail_response(entry: Fail) -> web.Response:
+def _fail_response(entry: Fail, request_headers: dict[str, str]) -> web.Response:
     headers = dict(entry.headers)
     if entry.body is None:
-        resp = _error_response(entry.status, f"scripted failure ({entry.status})")
+        lowered = {name.lower(): value for name, value in request_headers.items()}
+        echoed = "".join(f" ({name}: {lowered.get(name.lower(), '')})" for name in entry.echo_headers)
+        resp = _error_response(entry.status, f"scripted failure ({entry.status}){echoed}")
         resp.headers.update(headers)
         return resp
     if isinstance(entry.body, dict):

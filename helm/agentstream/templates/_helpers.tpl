@@ -96,6 +96,7 @@ AGENTSTREAM_SSL_CAFILE: {{ printf "%s/%s" (include "agentstream.caDir" .) .Value
 AGENTSTREAM_APP_ID: {{ .Values.journal.appId | quote }}
 AGENTSTREAM_DATA_DIR: {{ .Values.journal.dataDir | quote }}
 AGENTSTREAM_WORKER_PORT: {{ .Values.journal.webPort | int | quote }}
+AGENTSTREAM_WORKER_BIND: {{ required "journal.webBind is required" .Values.journal.webBind | quote }}
 AGENTSTREAM_ROCKSDB_WRITE_BUFFER_MB: {{ .Values.journal.rocksdbWriteBufferMb | int | quote }}
 AGENTSTREAM_ROCKSDB_BLOCK_CACHE_MB: {{ .Values.journal.rocksdbBlockCacheMb | int | quote }}
 AGENTSTREAM_MAX_CACHED_STREAMS: {{ .Values.journal.maxCachedStreams | int | quote }}

@@ -1,0 +1,92 @@
+"""`agentstream gateway` (serve HTTP) and `agentstream token create` (mint a bearer token)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from pipeline.settings import Settings, SettingsError
+from schemas.gateway import TIERS, TokenEntry
+
+
+def serve(settings: Settings) -> None:
+    """Run the gateway in the foreground (uvicorn with uvloop and httptools) until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from pipeline.gateway.app import build_app
+    from pipeline.gateway.tokens import TokenBook, TokensFileError
+
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        tokens = TokenBook(settings.gateway_tokens_file)
+    except TokensFileError as error:
+        raise SettingsError(str(error)) from None
+    if settings.gateway_tokens_file is None:
+        logging.getLogger("agentstream.gateway").warning(
+            "AGENTSTREAM_GATEWAY_TOKENS_FILE is unset: every request will be refused (401)"
+        )
+    config = uvicorn.Config(
+        build_app(settings, tokens),
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level.lower(),
+        access_log=False,  # request metrics are on /metrics; access logs would carry stream paths
+        server_header=False,
+    )
+    uvicorn.Server(config).run()
+
+
+def _gateway(_: argparse.Namespace) -> int:
+    serve(Settings.from_env())
+    return 0
+
+
+def _token_create(args: argparse.Namespace) -> int:
+    from pipeline.gateway.tokens import hash_token, new_token, token_entry_yaml
+
+    token = new_token()
+    try:
+        entry = TokenEntry(
+            sha256=hash_token(token),
+            tier=args.tier,
+            scope=args.scope,
+            name=args.name,
+            agentPath=args.agent_path,
+            userId=args.user_id,
+        )
+    except ValidationError as error:
+        raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())) from None
+    print(f"token (shown once; store it now): {token}")
+    print("add to the gateway tokens file under `tokens:`:")
+    print(token_entry_yaml(entry))
+    return 0
+
+
+def register(commands: Any) -> None:
+    gateway = commands.add_parser(
+        "gateway",
+        help="serve the HTTP ingestion gateway (AGENTSTREAM_GATEWAY_* settings; OpenAPI docs at /docs)",
+    )
+    gateway.set_defaults(run=_gateway)
+
+    token = commands.add_parser("token", help="gateway bearer tokens")
+    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    create = token_commands.add_parser(
+        "create", help="mint a token: prints it once, and the entry (its sha256) for the tokens file"
+    )
+    create.add_argument("--tier", required=True, choices=TIERS, help="what the token may append (the append gate)")
+    create.add_argument(
+        "--scope",
+        required=True,
+        action="append",
+        help="stream path glob the token may write (repeatable; * within a segment, ** across), e.g. '/agents/**'",
+    )
+    create.add_argument("--agent-path", help="agent tier: the agent the gateway stamps as the items' actor")
+    create.add_argument("--user-id", help="user tier: the userId stamped into the user actor")
+    create.add_argument("--name", help="a label for people and logs")
+    create.set_defaults(run=_token_create)

@@ -1,0 +1,168 @@
+"""The router (`agentstream worker router`): events of subscribed streams, summarized to subscribers.
+
+A Faust app (raw bytes keys and values, like the journal worker) with two agents on agent-journal:
+
+- `subscriptions`: picks `agent/subscribed` / `agent/unsubscribed` events out of the journal,
+  repartitions them by their `source` (`group_by`), and folds them into the `subscriptions` table
+  (key: source stream path; value: its `SourceRoutes` as JSON). The table is the routing truth;
+  its changelog topic restores it on any worker.
+- `fanout`: for every journaled event whose stream has subscribers, produces one `context-added`
+  append command per subscriber to agent-appends (`processors.routing` decides what), keyed and
+  partitioned by the subscriber's path, idempotency key `route/<source>@<offset>`, no appendId.
+  The event is acknowledged only after Kafka has every command, so a crash re-routes it and the
+  idempotency key makes the repeat a no-op.
+
+The repartition topic, the table and the journal have the same partition count and key (a stream
+path), so source s's journal partition and table partition are the same number and land on the
+same worker. A subscription takes effect once it has passed through the repartition topic
+(normally milliseconds after it is journaled); source events journaled before that are not routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import faust
+import orjson
+from faust.exceptions import Skip
+from prometheus_client import Counter, Histogram, start_http_server
+
+from pipeline.journal_worker import RAW, _credentials
+from pipeline.partitioner import partition_for
+from pipeline.settings import Settings
+from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source
+from schemas.routing import SOURCE_ROUTES, SourceRoutes
+from topics.names import topic_names
+
+log = logging.getLogger("agentstream.router")
+
+TABLE = "subscriptions"
+_SUBSCRIPTION_MARK = b"events.iterate.com/agent/"  # cheap pre-filter before decoding a record
+
+ROUTED = Counter("agentstream_router_routed_total", "Summary items produced to subscribers.")
+SUBSCRIPTION_CHANGES = Counter(
+    "agentstream_router_subscription_changes_total", "Subscription events folded into the table, by kind.", ["kind"]
+)
+FANOUT_SECONDS = Histogram(
+    "agentstream_router_fanout_seconds",
+    "Time to route one source event to all its subscribers (produce and acknowledge).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+
+def decode_routes(raw: bytes | None) -> SourceRoutes:
+    return {} if raw is None else SOURCE_ROUTES.validate_json(raw)
+
+
+def encode_routes(routes: SourceRoutes) -> bytes:
+    return SOURCE_ROUTES.dump_json(routes, exclude_none=True)
+
+
+def subscription_record(value: bytes | None) -> dict[str, Any] | None:
+    """A journal record that is a subscription change (None: anything else)."""
+    if not value or _SUBSCRIPTION_MARK not in value:
+        return None
+    try:
+        record = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or record.get("type") not in SUBSCRIPTION_TYPES:
+        return None
+    return record if subscription_source(record) is not None else None
+
+
+def build_app(settings: Settings) -> faust.App:
+    names = topic_names(settings.topic_prefix)
+    partitions = settings.partitions
+    app = faust.App(
+        settings.router_app_id,
+        broker=f"kafka://{settings.bootstrap_servers}",
+        broker_credentials=_credentials(settings),
+        store="memory://",  # small state, restored from its changelog on start
+        datadir=str(settings.data_dir / "router"),
+        topic_partitions=partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=True,  # the repartition and changelog topics
+        web_enabled=False,
+        producer_acks=-1,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=1.0,
+        producer_linger_ms=2,
+        stream_wait_empty=False,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",  # the journal is the truth: a new router reads all of it
+        key_serializer="raw",
+        value_serializer="raw",
+    )
+    journal = app.topic(names.journal, partitions=partitions, **RAW)
+    table = app.Table(TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
+
+    def only_subscriptions(value: bytes) -> bytes:
+        if subscription_record(value) is None:
+            raise Skip()  # acknowledged, never repartitioned
+        return value
+
+    def source_key(value: bytes) -> bytes:
+        record = subscription_record(value)
+        assert record is not None  # only subscriptions reach the repartition step
+        return str(subscription_source(record)).encode()
+
+    @app.agent(journal, name="subscriptions")
+    async def subscriptions(stream: Any) -> None:
+        grouped = stream.group_by(source_key, name=TABLE)
+        # `stream.filter(...).group_by(...)` would filter after repartitioning: group_by moves the
+        # stream's processors to the grouped stream (faust-streaming issue #553), so every journal
+        # record would be copied to the repartition topic. Put the filter in front ourselves.
+        stream._processors.insert(0, only_subscriptions)
+        async for event in grouped.events():
+            record = subscription_record(event.value)
+            if record is None:
+                continue
+            routes = decode_routes(table.get(event.key))
+            updated = apply_subscription(routes, record)
+            SUBSCRIPTION_CHANGES.labels(record["type"].rsplit("/", 1)[-1]).inc()
+            if updated != routes:
+                table[event.key] = encode_routes(updated)
+
+    @app.agent(journal, name="fanout")
+    async def fanout(stream: Any) -> None:
+        async for event in stream.events():
+            raw_routes = table.get(event.key)  # the record key is the source's stream path
+            if raw_routes is None:
+                continue
+            started = time.perf_counter()
+            try:
+                record = orjson.loads(event.value)
+            except orjson.JSONDecodeError:
+                log.error("journal record at %s is not JSON; not routed", event.message.offset)
+                continue
+            commands = routed_commands(record, len(event.value), decode_routes(raw_routes))
+            deliveries = []
+            for command in commands:
+                path = command["streamPath"]
+                deliveries.append(
+                    await app.producer.send(
+                        names.appends, path.encode(), orjson.dumps(command), partition_for(path, partitions), None, None
+                    )
+                )
+            await asyncio.gather(*deliveries)  # acknowledged before the source event is
+            ROUTED.inc(len(commands))
+            FANOUT_SECONDS.observe(time.perf_counter() - started)
+
+    return app
+
+
+def run(settings: Settings) -> None:
+    """Run the router in the foreground until SIGTERM/SIGINT."""
+    from faust.worker import Worker
+
+    logging.basicConfig(level=settings.log_level)
+    if settings.router_metrics_port:
+        start_http_server(settings.router_metrics_port)
+    app = build_app(settings)
+    worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    worker.spinner = None  # see journal_worker.run: the spinner turns on DEBUG logging everywhere
+    worker.execute_from_commandline()

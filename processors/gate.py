@@ -1,0 +1,226 @@
+"""The append gate: what a caller of the HTTP gateway may append, decided from its token alone.
+
+    admit(claims, command) -> Admitted(command with the stamped actor, internal?) | Refused(rule, detail)
+
+A pure function: no I/O, no clock. The gateway validates the command's shape first (400), asks
+the gate (403 naming the rule on refusal, nothing produced), then produces what the gate
+returned. Tiers:
+
+- `user` (people through a web front end): only `context-added` with role `user` to agent streams,
+  plus `agent/paused` / `agent/resumed`; the gateway stamps the user actor from the token, so a
+  client-supplied actor, `key`, `compaction`, `llmRequestOffset` or an oversized file is refused.
+- `integration`: any non-worker event to `/integrations/...`; to agent streams only developer
+  items carrying an integration-kind actor (third-party data, never instructions).
+- `agent` (scripts, other agents): developer items to agent streams, the actor stamped from the
+  token's agent path.
+- `platform`: anything, including worker-only commands (which go to the internal topic).
+
+Every tier is also bounded by its token's scope: path globs where `*` matches within one path
+segment and `**` across segments.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED, AppendCommand, worker_only_reason
+from schemas.gateway import Tier
+
+AGENT_STREAMS = "/agents/"
+INTEGRATION_STREAMS = "/integrations/"
+# Actor types an integration may speak as: all are third-party data to the model.
+INTEGRATION_ACTOR_TYPES = frozenset({"integration", "slack", "telegram", "email", "github"})
+USER_TYPES = frozenset({CONTEXT_ADDED, AGENT_PAUSED, AGENT_RESUMED})
+DEFAULT_MAX_USER_FILE_BYTES = 25 * 1024 * 1024
+
+# Every rule name the gate can answer (bounded: a Prometheus label, and what a 403 names).
+RULES = (
+    "scope",
+    "worker-only",
+    "user-agent-streams-only",
+    "user-types",
+    "user-role",
+    "user-actor-stamped",
+    "user-no-key",
+    "user-no-compaction",
+    "user-no-llm-request-offset",
+    "user-file-size",
+    "integration-streams",
+    "integration-agent-types",
+    "integration-role",
+    "integration-actor",
+    "integration-no-compaction",
+    "integration-no-llm-request-offset",
+    "agent-agent-streams-only",
+    "agent-types",
+    "agent-role",
+    "agent-actor-stamped",
+    "agent-no-compaction",
+    "agent-no-llm-request-offset",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """What a bearer token grants (from the tokens file; never the token itself)."""
+
+    tier: Tier
+    scope: tuple[str, ...]
+    agent_path: str | None = None  # agent tier: the stamped actor's path
+    user_id: str | None = None  # user tier: the stamped actor's userId
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    command: AppendCommand  # with the actor the gateway stamps
+    internal: bool  # worker-only: goes to the internal command topic
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    rule: str
+    detail: str
+
+
+Decision = Admitted | Refused
+
+
+def admit(
+    claims: Claims, command: AppendCommand, *, max_user_file_bytes: int = DEFAULT_MAX_USER_FILE_BYTES
+) -> Decision:
+    path = command.streamPath
+    if not in_scope(path, claims.scope):
+        return Refused("scope", f"{path} is outside this token's scope {list(claims.scope)}")
+    if claims.tier == "platform":
+        return Admitted(command, internal=worker_only_reason(command.type, command.payload) is not None)
+    tier_rules = {"user": _user, "integration": _integration, "agent": _agent}[claims.tier]
+    decision = tier_rules(claims, command, max_user_file_bytes)
+    if isinstance(decision, Refused):
+        return decision
+    worker_only = worker_only_reason(decision.command.type, decision.command.payload)
+    if worker_only is not None:
+        return Refused("worker-only", f"{worker_only}; only a platform token may send it")
+    return decision
+
+
+# --- tiers -------------------------------------------------------------------------------------
+
+
+def _user(claims: Claims, command: AppendCommand, max_file_bytes: int) -> Decision:
+    if not command.streamPath.startswith(AGENT_STREAMS):
+        return Refused("user-agent-streams-only", f"a user token appends only to agent streams ({AGENT_STREAMS}…)")
+    if command.type not in USER_TYPES:
+        return Refused("user-types", f"a user token may send only {sorted(USER_TYPES)}, not {command.type}")
+    if command.type != CONTEXT_ADDED:
+        return Admitted(command, internal=False)
+    item = command.payload
+    if item.get("actor") is not None:
+        return Refused("user-actor-stamped", "remove 'actor': the gateway stamps the user actor from the token")
+    forbidden = _present(item, ("key", "user-no-key"), ("compaction", "user-no-compaction"))
+    if forbidden is not None:
+        return forbidden
+    if item.get("llmRequestOffset") is not None:
+        return Refused("user-no-llm-request-offset", "a user item cannot name an LLM request (llmRequestOffset)")
+    for file in item.get("files") or ():
+        size = file.get("size", 0) if isinstance(file, dict) else 0
+        if isinstance(size, int) and size > max_file_bytes:
+            return Refused(
+                "user-file-size",
+                f"file {file.get('filename')!r} is {size} bytes; a user file may be at most {max_file_bytes} bytes",
+            )
+    if item.get("role") != "user":
+        return Refused("user-role", f"a user token sends role 'user' only, not {item.get('role')!r}")
+    actor: dict[str, Any] = {"type": "user", "origin": "web"}
+    if claims.user_id is not None:
+        actor["userId"] = claims.user_id
+    return Admitted(_with_actor(command, actor), internal=False)
+
+
+def _integration(claims: Claims, command: AppendCommand, _max_file_bytes: int) -> Decision:
+    path = command.streamPath
+    if path.startswith(INTEGRATION_STREAMS):
+        return Admitted(command, internal=False)  # raw events; worker-only types are refused after
+    if not path.startswith(AGENT_STREAMS):
+        return Refused(
+            "integration-streams",
+            f"an integration token appends to {INTEGRATION_STREAMS}… or, as developer items, to {AGENT_STREAMS}…",
+        )
+    if command.type != CONTEXT_ADDED:
+        return Refused("integration-agent-types", f"to agent streams an integration sends only {CONTEXT_ADDED}")
+    item = command.payload
+    if item.get("compaction") is not None:
+        return Refused("integration-no-compaction", "compaction summaries are written by the workers")
+    if item.get("role") != "developer":
+        return Refused("integration-role", f"an integration sends role 'developer' to agents, not {item.get('role')!r}")
+    actor = item.get("actor")
+    actor_type = actor.get("type") if isinstance(actor, dict) else None
+    if actor_type not in INTEGRATION_ACTOR_TYPES:
+        return Refused(
+            "integration-actor",
+            f"an integration item needs an actor of type {sorted(INTEGRATION_ACTOR_TYPES)} (got {actor_type!r})",
+        )
+    if item.get("llmRequestOffset") is not None:
+        return Refused("integration-no-llm-request-offset", "an integration item cannot name an LLM request")
+    return Admitted(command, internal=False)
+
+
+def _agent(claims: Claims, command: AppendCommand, _max_file_bytes: int) -> Decision:
+    if not command.streamPath.startswith(AGENT_STREAMS):
+        return Refused("agent-agent-streams-only", f"an agent token appends only to agent streams ({AGENT_STREAMS}…)")
+    if command.type != CONTEXT_ADDED:
+        return Refused("agent-types", f"an agent token sends only {CONTEXT_ADDED}, not {command.type}")
+    item = command.payload
+    if item.get("compaction") is not None:
+        return Refused("agent-no-compaction", "compaction summaries are written by the workers")
+    if item.get("role") != "developer":
+        return Refused("agent-role", f"an agent token sends role 'developer' only, not {item.get('role')!r}")
+    if item.get("actor") is not None:
+        return Refused("agent-actor-stamped", "remove 'actor': the gateway stamps the agent actor from the token")
+    if item.get("llmRequestOffset") is not None:
+        return Refused("agent-no-llm-request-offset", "an agent item cannot name an LLM request (llmRequestOffset)")
+    assert claims.agent_path is not None  # TokenEntry requires it for the agent tier
+    return Admitted(_with_actor(command, {"type": "agent", "path": claims.agent_path}), internal=False)
+
+
+def _present(item: dict[str, Any], *fields: tuple[str, str]) -> Refused | None:
+    for field, rule in fields:
+        if item.get(field) is not None:
+            return Refused(rule, f"a user item cannot set {field!r}")
+    return None
+
+
+def _with_actor(command: AppendCommand, actor: dict[str, Any]) -> AppendCommand:
+    return command.model_copy(update={"payload": {**command.payload, "actor": actor}})
+
+
+# --- scope globs -------------------------------------------------------------------------------
+
+
+def in_scope(path: str, globs: Iterable[str]) -> bool:
+    return any(_glob(glob).fullmatch(path) for glob in globs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob(glob: str) -> re.Pattern[str]:
+    """`**` matches across segments, `*` within one segment, `?` one character of a segment."""
+    parts: list[str] = []
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**", i):
+            parts.append(".*")
+            i += 2
+        elif glob[i] == "*":
+            parts.append("[^/]*")
+            i += 1
+        elif glob[i] == "?":
+            parts.append("[^/]")
+            i += 1
+        else:
+            parts.append(re.escape(glob[i]))
+            i += 1
+    return re.compile("".join(parts))

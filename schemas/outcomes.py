@@ -1,0 +1,24 @@
+"""The outcome of one append command, published on `agent-append-results` for the client that
+sent it (commands carrying an `appendId` only)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from schemas.context import Wire
+from schemas.limits import StreamPath
+
+AppendStatus = Literal["journaled", "duplicate", "rejected"]
+
+
+class AppendOutcome(Wire):
+    appendId: Annotated[str, Field(min_length=1, max_length=128)]
+    streamPath: StreamPath
+    status: AppendStatus
+    offset: Annotated[int, Field(gt=0, strict=True)] | None = None  # journaled/duplicate: the event's offset
+    reason: str | None = None  # rejected: why (the same text as the dead-letter record's)
+
+    def encode(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()

@@ -1,0 +1,228 @@
+"""The append gate: every combination of tier, role, actor, field and stream kind, broker-free.
+
+The expected decision is written out below as the tier rules read in words; the gate must agree
+on every combination, stamp the actor the tier prescribes, and send worker-only commands (platform
+only) to the internal topic.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from processors.gate import RULES, Admitted, Claims, Refused, admit, in_scope
+from schemas.events import (
+    AGENT_CONFIGURED,
+    AGENT_PAUSED,
+    AGENT_RESUMED,
+    CONTEXT_ADDED,
+    LLM_REQUEST_SETTLED,
+    AppendCommand,
+)
+
+MAX_FILE = 1000
+AGENT_STREAM = "/agents/a1"
+INTEGRATION_STREAM = "/integrations/github/42"
+OTHER_STREAM = "/scratch/notes"
+ROLES = ("system", "developer", "user", "assistant")
+ACTORS: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "user": {"type": "user", "origin": "cli"},
+    "agent": {"type": "agent", "path": "/agents/other"},
+    "script": {"type": "script", "executionId": "x1"},
+    "integration": {"type": "integration", "name": "crm"},
+    "slack": {"type": "slack", "userId": "U1"},
+    "telegram": {"type": "telegram", "username": "t"},
+    "email": {"type": "email", "address": "a@b.c"},
+    "github": {"type": "github", "login": "octocat"},
+}
+FIELDS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "key": {"key": "slot/1"},
+    "compaction": {
+        "compaction": {"replacesHistoryThrough": 3},
+        "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
+    },
+    "llmRequestOffset": {"llmRequestOffset": 7},
+    "small file": {"files": [{"contentType": "text/plain", "filename": "a", "path": "/f/a", "size": 10, "url": "u"}]},
+    "big file": {
+        "files": [{"contentType": "text/plain", "filename": "b", "path": "/f/b", "size": MAX_FILE + 1, "url": "u"}]
+    },
+}
+STREAMS = (AGENT_STREAM, INTEGRATION_STREAM, OTHER_STREAM)
+INTEGRATION_KINDS = {"integration", "slack", "telegram", "email", "github"}
+
+CLAIMS = {
+    "user": Claims("user", ("/**",), user_id="u-7"),
+    "integration": Claims("integration", ("/**",)),
+    "agent": Claims("agent", ("/**",), agent_path="/agents/script-runner"),
+    "platform": Claims("platform", ("/**",)),
+}
+
+
+def item_command(path: str, role: str, actor: str, field: str) -> AppendCommand:
+    payload: dict[str, Any] = {"role": role, "content": "hello", **FIELDS[field]}
+    if ACTORS[actor] is not None:
+        payload["actor"] = ACTORS[actor]
+    return AppendCommand(streamPath=path, type=CONTEXT_ADDED, payload=payload)
+
+
+def worker_only(role: str, field: str) -> bool:
+    return field == "compaction" or (role == "assistant" and field == "llmRequestOffset")
+
+
+def expected_allowed(tier: str, path: str, role: str, actor: str, field: str) -> bool:
+    """The tier rules, read in words, for a context-added item."""
+    to_agent = path.startswith("/agents/")
+    if tier == "platform":
+        return True
+    if tier == "user":
+        # Only role user to agent streams; the gateway stamps the actor; no key, compaction,
+        # llmRequestOffset or oversized files.
+        return (
+            to_agent
+            and role == "user"
+            and actor == "none"
+            and field not in {"key", "compaction", "llmRequestOffset", "big file"}
+        )
+    if tier == "integration":
+        # Raw events to integration streams (anything but worker-only commands); developer items
+        # with an integration-kind actor to agent streams.
+        if path.startswith("/integrations/"):
+            return not worker_only(role, field)
+        return (
+            to_agent
+            and role == "developer"
+            and actor in INTEGRATION_KINDS
+            and field not in {"compaction", "llmRequestOffset"}
+        )
+    assert tier == "agent"
+    # Developer items to agent streams; the gateway stamps the agent actor.
+    return to_agent and role == "developer" and actor == "none" and field not in {"compaction", "llmRequestOffset"}
+
+
+COMBINATIONS = list(itertools.product(CLAIMS, STREAMS, ROLES, ACTORS, FIELDS))
+
+
+@pytest.mark.parametrize(("tier", "path", "role", "actor", "field"), COMBINATIONS)
+def test_every_tier_role_actor_field_combination_follows_the_tier_rules(
+    tier: str, path: str, role: str, actor: str, field: str
+) -> None:
+    command = item_command(path, role, actor, field)
+    decision = admit(CLAIMS[tier], command, max_user_file_bytes=MAX_FILE)
+    allowed = expected_allowed(tier, path, role, actor, field)
+    assert isinstance(decision, Admitted) == allowed, decision
+    if isinstance(decision, Refused):
+        assert decision.rule in RULES
+        assert decision.detail
+        return
+    stamped = decision.command.payload.get("actor")
+    if tier == "user":
+        assert stamped == {"type": "user", "origin": "web", "userId": "u-7"}
+    elif tier == "agent":
+        assert stamped == {"type": "agent", "path": "/agents/script-runner"}
+    else:
+        assert stamped == ACTORS[actor]  # integration and platform actors pass through unchanged
+    assert decision.internal == (tier == "platform" and worker_only(role, field))
+    # Everything but the actor is exactly what was sent.
+    unstamped = {k: v for k, v in decision.command.payload.items() if k != "actor"}
+    assert unstamped == {k: v for k, v in command.payload.items() if k != "actor"}
+
+
+def test_the_gate_never_changes_the_command_it_was_given() -> None:
+    command = item_command(AGENT_STREAM, "user", "none", "plain")
+    decision = admit(CLAIMS["user"], command)
+    assert isinstance(decision, Admitted)
+    assert "actor" not in command.payload
+
+
+@pytest.mark.parametrize(
+    ("tier", "event_type", "path", "allowed"),
+    [
+        ("user", AGENT_PAUSED, AGENT_STREAM, True),
+        ("user", AGENT_RESUMED, AGENT_STREAM, True),
+        ("user", AGENT_CONFIGURED, AGENT_STREAM, False),
+        ("user", "events.iterate.com/custom/thing", AGENT_STREAM, False),
+        ("user", AGENT_PAUSED, INTEGRATION_STREAM, False),
+        ("integration", "events.iterate.com/crm/ticket-opened", INTEGRATION_STREAM, True),
+        ("integration", "events.iterate.com/crm/ticket-opened", AGENT_STREAM, False),
+        ("integration", AGENT_PAUSED, AGENT_STREAM, False),
+        ("integration", LLM_REQUEST_SETTLED, INTEGRATION_STREAM, False),
+        ("agent", AGENT_PAUSED, AGENT_STREAM, False),
+        ("agent", "events.iterate.com/crm/ticket-opened", AGENT_STREAM, False),
+        ("platform", AGENT_CONFIGURED, AGENT_STREAM, True),
+        ("platform", "events.iterate.com/anything", OTHER_STREAM, True),
+    ],
+)
+def test_event_types_other_than_items_follow_the_tier_rules(
+    tier: str, event_type: str, path: str, allowed: bool
+) -> None:
+    command = AppendCommand(streamPath=path, type=event_type, payload={"reason": "r"})
+    decision = admit(CLAIMS[tier], command)
+    assert isinstance(decision, Admitted) == allowed, decision
+
+
+def test_worker_only_types_are_platform_only_and_go_to_the_internal_topic() -> None:
+    settled = {"requestOffset": 3, "result": {"status": "failed", "errorMessage": "x"}}
+    command = AppendCommand(streamPath=AGENT_STREAM, type=LLM_REQUEST_SETTLED, payload=settled)
+    decision = admit(CLAIMS["platform"], command)
+    assert isinstance(decision, Admitted) and decision.internal
+    for tier in ("user", "integration", "agent"):
+        refused = admit(CLAIMS[tier], command)
+        assert isinstance(refused, Refused)
+    integration_stream = command.model_copy(update={"streamPath": INTEGRATION_STREAM})
+    refused = admit(CLAIMS["integration"], integration_stream)
+    assert isinstance(refused, Refused) and refused.rule == "worker-only"
+
+
+def test_a_refusal_names_the_rule_that_refused() -> None:
+    cases = {
+        "user-actor-stamped": (CLAIMS["user"], item_command(AGENT_STREAM, "user", "user", "plain")),
+        "user-no-key": (CLAIMS["user"], item_command(AGENT_STREAM, "user", "none", "key")),
+        "user-no-compaction": (CLAIMS["user"], item_command(AGENT_STREAM, "developer", "none", "compaction")),
+        "user-no-llm-request-offset": (CLAIMS["user"], item_command(AGENT_STREAM, "user", "none", "llmRequestOffset")),
+        "user-file-size": (CLAIMS["user"], item_command(AGENT_STREAM, "user", "none", "big file")),
+        "user-role": (CLAIMS["user"], item_command(AGENT_STREAM, "system", "none", "plain")),
+        "user-agent-streams-only": (CLAIMS["user"], item_command(INTEGRATION_STREAM, "user", "none", "plain")),
+        "integration-streams": (CLAIMS["integration"], item_command(OTHER_STREAM, "developer", "slack", "plain")),
+        "integration-role": (CLAIMS["integration"], item_command(AGENT_STREAM, "system", "slack", "plain")),
+        "integration-actor": (CLAIMS["integration"], item_command(AGENT_STREAM, "developer", "agent", "plain")),
+        "agent-role": (CLAIMS["agent"], item_command(AGENT_STREAM, "user", "none", "plain")),
+        "agent-actor-stamped": (CLAIMS["agent"], item_command(AGENT_STREAM, "developer", "github", "plain")),
+        "agent-agent-streams-only": (CLAIMS["agent"], item_command(INTEGRATION_STREAM, "developer", "none", "plain")),
+    }
+    for rule, (claims, command) in cases.items():
+        decision = admit(claims, command, max_user_file_bytes=MAX_FILE)
+        assert isinstance(decision, Refused) and decision.rule == rule, (rule, decision)
+
+
+@pytest.mark.parametrize("tier", sorted(CLAIMS))
+def test_a_stream_outside_the_token_scope_is_refused_for_every_tier(tier: str) -> None:
+    claims = Claims(tier, ("/agents/team-a/*",), agent_path="/agents/x")  # type: ignore[arg-type]
+    inside = item_command("/agents/team-a/bot", "user", "none", "plain")
+    outside = item_command("/agents/team-b/bot", "user", "none", "plain")
+    decision = admit(claims, outside)
+    assert isinstance(decision, Refused) and decision.rule == "scope"
+    inside_decision = admit(claims, inside)
+    assert not (isinstance(inside_decision, Refused) and inside_decision.rule == "scope")
+
+
+@pytest.mark.parametrize(
+    ("glob", "path", "inside"),
+    [
+        ("/agents/*", "/agents/a", True),
+        ("/agents/*", "/agents/a/b", False),
+        ("/agents/**", "/agents/a/b", True),
+        ("/agents/**", "/agents", False),
+        ("/agents/team-?", "/agents/team-1", True),
+        ("/agents/team-?", "/agents/team-12", False),
+        ("/agents/a.b", "/agents/aXb", False),  # a dot is a dot, not a regex wildcard
+        ("/**", "/anything/at/all", True),
+        ("/integrations/github/42", "/integrations/github/42", True),
+        ("/integrations/github/42", "/integrations/github/420", False),
+    ],
+)
+def test_scope_globs_star_within_a_segment_double_star_across(glob: str, path: str, inside: bool) -> None:
+    assert in_scope(path, [glob]) is inside
