@@ -32,7 +32,7 @@ import heapq
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,7 +43,7 @@ from pipeline import heap, metrics
 from pipeline.partitioner import partition_for
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
-from processors.render import Transport, render_messages
+from processors.render import DEFAULT_BUDGET, RenderBudget, Transport, render_messages
 from processors.scheduler import decide
 from processors.state import AgentState, SourceOffsets
 from schemas.events import (
@@ -86,7 +86,9 @@ class RowTable(Protocol):
         """Make the puts so far durable (e.g. send them to a changelog)."""
 
 
-Send = Callable[..., Awaitable[Awaitable[Any]]]  # (topic, key, value, headers) -> future of metadata
+# (topic, key, value, headers) -> future of the record's metadata, resolved on the event loop.
+# Every record goes to this engine's partition number (all topics are co-partitioned).
+Produce = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], "asyncio.Future[Any]"]
 
 
 @dataclass(slots=True)
@@ -98,7 +100,6 @@ class Command:
     key: bytes | None
     value: bytes
     headers: dict[str, bytes]
-    ack: Callable[[], Any]
     internal: bool = False  # read from agent-internal-appends (only the workers produce there)
 
 
@@ -145,6 +146,43 @@ class Pending:
             await self.dlq_delivery
 
 
+class CommandPositions:
+    """How far each command topic of one partition is done: the upstream position stored with
+    what was derived from it (a row in the same write batch), where reading resumes after a restart.
+
+    A command is done once its journal (or dead-letter) record, its rows and the records that
+    follow it (its result, a request body) are all in Kafka. Commands finish out of order (their
+    follow-up deliveries do), so the position is the end of the prefix of done commands.
+    """
+
+    def __init__(self, appends: int = -1, internal: int = -1) -> None:
+        self.done = {False: appends, True: internal}
+        self._open: dict[bool, deque[int]] = {False: deque(), True: deque()}
+        self._finished: dict[bool, set[int]] = {False: set(), True: set()}
+        self.changed = False
+
+    def arrived(self, internal: bool, offset: int) -> None:
+        self._open[internal].append(offset)
+
+    def finished(self, internal: bool, offset: int) -> None:
+        open_offsets, finished = self._open[internal], self._finished[internal]
+        finished.add(offset)
+        while open_offsets and open_offsets[0] in finished:
+            self.done[internal] = open_offsets.popleft()
+            finished.discard(self.done[internal])
+            self.changed = True
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"appends": self.done[False], "internal": self.done[True]})
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> CommandPositions:
+        if value is None:
+            return cls()
+        row = orjson.loads(value)
+        return cls(row["appends"], row["internal"])
+
+
 class PartitionEngine:
     """Everything one partition's writer holds: cached states, unstored rows, the queue."""
 
@@ -153,13 +191,14 @@ class PartitionEngine:
         partition: int,
         table: RowTable,
         topics: Any,
-        send: Send,
+        produce: Produce,
         *,
         max_cached_streams: int,
         partitions: int = 0,  # the topic's partition count, to refuse misrouted commands (0: no check)
         default_model: str = "smollm2",
         transport: Transport = "openai-compatible",
-        max_pending: int = 2000,
+        render_budget: RenderBudget = DEFAULT_BUDGET,
+        max_pending: int = 20_000,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         fatal: Callable[[BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
@@ -167,11 +206,12 @@ class PartitionEngine:
         self.partition = partition
         self.table = table
         self.topics = topics
-        self.send = send
+        self.produce = produce
         self.clock_ms = clock_ms
         self.partitions = partitions
         self.default_model = default_model
         self.transport = transport
+        self.render_budget = render_budget
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending
@@ -186,6 +226,8 @@ class PartitionEngine:
         self._drain_task: asyncio.Task[None] | None = None
         self.handled = 0
         self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
+        self.positions = CommandPositions.decode(table.get(rows.command_positions_key(partition)))
+        self.active = True  # False once the partition is revoked: nothing more may be produced
 
     # --- rows ----------------------------------------------------------------------------------
 
@@ -244,7 +286,8 @@ class PartitionEngine:
             self._delivered(None)
 
     def _delivered(self, _: object) -> None:
-        """A delivery completed: store what is ready now, without waiting for the next command."""
+        """A delivery completed: store what is ready now, without waiting for the next command.
+        Deliveries resolve in bursts (one producer poll); one drain task serves a burst."""
         if self._drain_task is None or self._drain_task.done():
             self._drain_task = asyncio.get_running_loop().create_task(self._drain_soon())
 
@@ -274,14 +317,18 @@ class PartitionEngine:
             queue.popleft()
             self._store(pending)
             if pending.delivery is not None:
-                position = pending.delivery.result().offset
-            deliveries = [await self.send(topic, key, value, []) for topic, key, value in pending.after]
-            self._ack_when_delivered(pending.command, deliveries)
+                position = pending.delivery.result().offset()
+            deliveries = [self.produce(topic, key, value, []) for topic, key, value in pending.after]
+            self._finish_when_delivered(pending.command, deliveries)
             stored += 1
         if position is not None:
             # Once per batch, after every row it covers: recovery re-folds the journal past it.
             self.table.put(rows.position_key(self.partition), str(position).encode())
-        if stored:
+        positions_changed = self.positions.changed
+        if positions_changed:
+            self.positions.changed = False
+            self.table.put(rows.command_positions_key(self.partition), self.positions.encode())
+        if stored or position is not None or positions_changed:
             await self.table.commit()
         return stored
 
@@ -295,43 +342,55 @@ class PartitionEngine:
                 del self.overlay_owner[key]
                 del self.overlay[key]
 
-    def _ack_when_delivered(self, command: Command, deliveries: list[Awaitable[Any]]) -> None:
-        """Acknowledge a command once what follows its journal record is in Kafka too: a crash
-        before that redelivers the command, whose outcome is then published again."""
+    def _finish_when_delivered(self, command: Command, deliveries: list[asyncio.Future[Any]]) -> None:
+        """A command is done once what follows its journal record is in Kafka too: a crash before
+        that reads the command again, and its outcome is published again."""
+        finished = self.positions.finished
         if not deliveries:
-            command.ack()
+            finished(command.internal, command.offset)
             return
+        remaining = len(deliveries)
 
         def delivered(future: asyncio.Future[Any]) -> None:
+            nonlocal remaining
             error = future.exception() if not future.cancelled() else RuntimeError("delivery cancelled")
             if error is not None:
                 if self.fatal is None:
                     raise error
                 self.fatal(error)  # an outcome the journal promised is lost: restart and republish
                 return
-            command.ack()
+            remaining -= 1
+            if remaining == 0:
+                finished(command.internal, command.offset)
+                self._delivered(None)  # record the new position soon, even if no command follows
 
-        asyncio.gather(*deliveries).add_done_callback(delivered)
+        for future in deliveries:
+            future.add_done_callback(delivered)
 
     # --- commands ------------------------------------------------------------------------------
 
-    async def handle(self, command: Command) -> None:
-        self.handled += 1
-        if not command.internal:
-            self.last_offset = command.offset
-        if self.handled % heap.SETTLE_EVERY == 0:
-            heap.settle()
+    async def handle_batch(self, commands: Iterable[Command]) -> None:
+        """Decide and produce a batch of this partition's commands, in order."""
         if len(self.queue) >= self.max_pending:
             await self.drain(wait=True)  # back-pressure: the journal is slower than the input
-        if H_TICK in command.headers:  # sent on assignment so that recovery runs promptly
-            await self.drain(wait=True)
-            command.ack()
-            return
-        try:
-            decision = self._decide(command)
-        except Exception as error:  # nothing a command holds may stop the partition
-            decision = self._internal_error(command, error)
-        await self._carry_out(command, decision)
+        if not self.active:
+            return  # revoked while waiting: the new owner reads these commands again
+        arrived = self.positions.arrived
+        for command in commands:
+            self.handled += 1
+            if self.handled % heap.SETTLE_EVERY == 0:
+                heap.settle()
+            arrived(command.internal, command.offset)
+            if not command.internal:
+                self.last_offset = command.offset
+            try:
+                decision = self._decide(command)
+            except Exception as error:  # nothing a command holds may stop the partition
+                decision = self._internal_error(command, error)
+            self._carry_out(command, decision)
+
+    async def handle(self, command: Command) -> None:
+        await self.handle_batch((command,))
 
     def _decide(self, command: Command) -> Decision:
         """Everything about one command that is not I/O: validate, dedupe, journal, fold."""
@@ -378,6 +437,7 @@ class PartitionEngine:
             pending = Pending(command, None, outcome.rows)
             self._result(pending, append, "journaled", outcome.event.offset)
             self._after_fold(entry, outcome.event, pending)
+            self._script_follow_ups(entry, outcome.event, pending)
             return Decision(pending, journal=(outcome.record, headers))
         if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
@@ -420,7 +480,7 @@ class PartitionEngine:
         if offset is not None:
             self._result(pending, append, "journaled", int(offset))
 
-    async def _carry_out(self, command: Command, decision: Decision) -> None:
+    def _carry_out(self, command: Command, decision: Decision) -> None:
         """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
         pending = decision.pending
         if decision.reject_reason is not None:
@@ -433,10 +493,10 @@ class PartitionEngine:
                 ("source-partition", str(command.partition).encode()),
                 (H_SOURCE_OFFSET, str(command.offset).encode()),
             ]
-            pending.dlq_delivery = await self.send(self.topics.dlq, command.key, command.value, headers)
+            pending.dlq_delivery = self.produce(self.topics.dlq, command.key, command.value, headers)
         if decision.journal is not None:
             record, headers = decision.journal
-            pending.delivery = await self.send(self.topics.journal, command.key, record, headers)
+            pending.delivery = self.produce(self.topics.journal, command.key, record, headers)
         self._stage(pending)
 
     def _misrouted(self, command: Command, path: str) -> str | None:
@@ -473,13 +533,9 @@ class PartitionEngine:
         entry.sent.pop(event.idempotencyKey or "", None)
         open_request = state.open
         if event.type == LLM_REQUEST_REQUESTED and open_request is not None and open_request.offset == event.offset:
-            from processors.render import DEFAULT_BUDGET
-
-            # The record must fit llm-requests whatever the projection holds: render within the
-            # engine's `render_budget` (the worker's `settings.render_budget`), else the default.
-            budget = getattr(self, "render_budget", DEFAULT_BUDGET)
+            # The record must fit llm-requests whatever the projection holds: render within budget.
             with metrics.RENDER_SECONDS.time():
-                messages = render_messages(state, self.transport, event.createdAt, budget)
+                messages = render_messages(state, self.transport, event.createdAt, self.render_budget)
             entry.last_request = (event.offset, messages)
             record = {
                 "kind": "call",
@@ -506,6 +562,29 @@ class PartitionEngine:
             if compact is not None:
                 pending.after.append((self.topics.llm_requests, path.encode(), compact))
         self.wake(path, 0)
+
+    def _script_follow_ups(self, entry: StreamEntry, event: Any, pending: Pending) -> None:
+        """Agents run code: the run request, feedback or script result the event calls for (commands
+        to the internal topic), and each journaled run request for the capability host (script-runs).
+        All are published once the journal acknowledges the event."""
+        from processors.scripts import script_follow_ups
+        from schemas.capabilities import SCRIPT_RUN_REQUESTED, ScriptRunRecord
+
+        path = event.streamPath
+        key = path.encode()
+        for append in script_follow_ups(entry.state, event):
+            pending.after.append((self.topics.internal_appends, key, orjson.dumps(append.command(path))))
+        if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
+            record = ScriptRunRecord(
+                streamPath=path,
+                offset=event.offset,
+                createdAt=event.createdAt,
+                code=event.payload.code,
+                executionId=event.payload.executionId,
+                expiresAt=event.payload.expiresAt,
+                timeoutMs=entry.state.config.scriptTimeoutMs,
+            )
+            pending.after.append((self.topics.script_runs, key, record.model_dump_json().encode()))
 
     def _compaction(self, entry: StreamEntry, report_offset: int) -> bytes | None:
         """§4.5: summarize request R when its usage crossed the threshold (newest report only)."""

@@ -1,19 +1,22 @@
 """The journal processor as a Faust worker (`agentstream worker journal`).
 
-Faust supplies the consumer group, partition assignment, offset commits and the changelog-backed
-RocksDB table; `pipeline.journal_processor.PartitionEngine` makes every decision. Notes on Faust
-(see DESIGN.md, "Known traps"):
-- keys and values are raw bytes everywhere (`raw` serializers), so prefix scans work;
-- rows go to the table's changelog (partition explicit) and then to the partition's RocksDB,
-  not through Faust's table-write path (see `FaustRows`); so rows can be stored as soon as the
-  journal record is acknowledged, from any coroutine;
-- acknowledgements are manual (`noack`): a command is acknowledged once its journal record is
-  acknowledged and its rows are stored.
+Faust is the framework: consumer group membership, partition assignment, the changelog-backed
+RocksDB rows table and its recovery. The data path around it moves records in batches:
+
+- Faust assigns partitions of `agent-journal-owners` (co-partitioned with the rows table); once
+  Faust has restored partition p's rows, a tick on it makes this worker re-fold the journal tail
+  (`recover`) and start reading partition p of both command topics (`CommandReader`);
+- `PartitionEngine` decides each command (pure core) and produces journal, dead-letter, result,
+  request and changelog records through librdkafka (`AsyncProducer`: idempotent, acks=all);
+- rows go to the table's changelog (partition explicit) and then, once acknowledged, to the
+  partition's RocksDB in one write batch with Faust's changelog offset (`FaustRows`); the command
+  positions the partition has finished are rows too, so a restart resumes exactly there.
+
+Keys and values are raw bytes everywhere, so prefix scans work (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -24,11 +27,12 @@ import faust
 import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
-from faust.types import TP
 from rocksdict import WriteBatch
 
 from pipeline import metrics
-from pipeline.journal_processor import H_TICK, Command, PartitionEngine
+from pipeline.command_reader import CommandReader
+from pipeline.journal_processor import H_TICK, PartitionEngine
+from pipeline.kafka_producer import AsyncProducer
 from pipeline.settings import Settings
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
@@ -41,22 +45,23 @@ ROWS_TABLE = "rows"
 class FaustRows:
     """`RowTable` over one partition of the Faust table.
 
-    Rows go to the table's changelog first, in one burst per `commit()`, through the producer with
-    the partition explicit; only once the burst is acknowledged are they written to the local
-    RocksDB (one write batch) and Faust's changelog offset advanced. So the local store never holds
-    a row the changelog lacks: after a crash Faust replays the changelog past that offset and the
-    local store is again exactly a prefix of the changelog, on this machine or a new one. Until
-    then reads are served from the rows in flight. (Faust's own table-write path routes a write
-    by the current event and queues changelog records in a small buffer drained one await at a
-    time, which stalled the agent at a few hundred events/s.)
+    Rows go to the table's changelog first, one record per changed key per `commit()` (the last
+    write of a batch wins), produced with the partition explicit; only once every record of that
+    burst is acknowledged are they written to the local RocksDB in one write batch together with
+    Faust's changelog offset. So the local store never holds a row the changelog lacks: after a
+    crash Faust replays the changelog past that offset and the local store is again exactly a
+    prefix of the changelog, on this machine or a new one. A burst with any failed record is fatal:
+    applying later bursts would make a store the changelog cannot rebuild. Until a burst is
+    stored, reads are served from the rows in flight. (Faust's own table-write path routes each
+    write through the current event and a small buffer; it stalled the worker.)
     """
 
-    def __init__(self, app: Any, table: Any, partition: int, fatal: Any) -> None:
-        self.app = app
+    def __init__(self, producer: AsyncProducer, table: Any, partition: int, fatal: Any) -> None:
+        self.producer = producer
         self.table = table
         self.partition = partition
         self.fatal = fatal
-        self.changelog: list[tuple[bytes, bytes | None]] = []
+        self.changelog: dict[bytes, bytes | None] = {}
         self.in_flight: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (burst, value)
         self.bursts = 0
 
@@ -65,6 +70,8 @@ class FaustRows:
         return self.table.data._db_for_partition(self.partition)
 
     def get(self, key: bytes) -> bytes | None:
+        if key in self.changelog:
+            return self.changelog[key]
         if key in self.in_flight:
             return self.in_flight[key][1]
         value = self._db().get(key)
@@ -79,37 +86,47 @@ class FaustRows:
         for key, (_, value) in self.in_flight.items():
             if key.startswith(prefix):
                 rows[key] = value
+        for key, value in self.changelog.items():
+            if key.startswith(prefix):
+                rows[key] = value
         for key in sorted(rows):
             value = rows[key]
             if value is not None:
                 yield key, value
 
     def put(self, key: bytes, value: bytes | None) -> None:
-        self.changelog.append((key, value))
-        self.in_flight[key] = (self.bursts, value)
+        self.changelog[key] = value
 
     async def commit(self) -> None:
+        """Send the rows put since the last commit as one changelog burst (stored once acknowledged)."""
         if not self.changelog:
             return
-        records, self.changelog = self.changelog, []
+        records, self.changelog = self.changelog, {}
         burst = self.bursts
         self.bursts += 1
         topic = self.table.changelog_topic.get_topic_name()
-        send = self.app.producer.send
-        last = None
-        for key, value in records:
-            last = await send(topic, key, value, self.partition, None, None)
-        assert last is not None
-        last.add_done_callback(lambda future: self._apply(burst, records, future))
+        remaining = len(records)
+        last_offset = -1
+        failed = False
 
-    def _apply(self, burst: int, records: list[tuple[bytes, bytes | None]], future: Any) -> None:
-        if future.cancelled() or future.exception() is not None:
-            # A burst missing from the changelog: applying later bursts would make the local store
-            # something the changelog cannot rebuild. Only a restart (changelog replay) is safe.
-            self.fatal(future.exception() if not future.cancelled() else RuntimeError("changelog send cancelled"))
-            return
+        def delivered(error: Any, message: Any) -> None:
+            nonlocal remaining, last_offset, failed
+            remaining -= 1
+            if error is not None and not failed:
+                failed = True
+                self.fatal(RuntimeError(f"changelog record not delivered: {error}"))
+                return
+            last_offset = max(last_offset, message.offset())
+            if remaining == 0 and not failed:
+                self._apply(burst, records, last_offset)
+
+        for key, value in records.items():
+            self.in_flight[key] = (burst, value)
+            self.producer.produce(topic, key, value, self.partition, on_delivered=delivered)
+
+    def _apply(self, burst: int, records: dict[bytes, bytes | None], changelog_offset: int) -> None:
         batch = WriteBatch(raw_mode=True)
-        for key, value in records:
+        for key, value in records.items():
             if value is None:
                 batch.delete(key)
             else:
@@ -117,7 +134,7 @@ class FaustRows:
             if self.in_flight.get(key, (None,))[0] == burst:
                 del self.in_flight[key]
         # Faust's recovery offset in the same atomic write as the rows it covers.
-        batch.put(self.table.data.offset_key, str(future.result().offset).encode())
+        batch.put(self.table.data.offset_key, str(changelog_offset).encode())
         self._db().write(batch)
 
 
@@ -145,18 +162,17 @@ def build_app(settings: Settings) -> faust.App:
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=1.0,
         consumer_group_instance_id=settings.worker_instance_id,
-        producer_linger_ms=5,  # batches the journal, changelog and result records of a burst
-        # aiokafka refuses records over 1 MB by default; a request body may be up to the topic's limit.
-        producer_max_request_size=LLM_REQUESTS_MAX_MESSAGE_BYTES,
+        # Faust's own (aiokafka) producer sends only assignment ticks; every data record goes
+        # through librdkafka (`AsyncProducer`).
         stream_wait_empty=False,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",  # table rows and records are bytes we encode ourselves
         value_serializer="raw",
     )
-    appends = app.topic(names.appends, partitions=settings.partitions, **RAW)
-    # One agent reads both command topics (co-partitioned): partition p of each feeds engine p.
-    commands = app.topic(names.appends, names.internal_appends, partitions=settings.partitions, **RAW)
+    # Faust assigns this topic's partitions, and the rows table's with them (co-partitioned): the
+    # owner of partition p reads partition p of both command topics (`CommandReader`).
+    owners = app.topic(names.journal_owners, partitions=settings.partitions, **RAW)
     table = app.Table(
         ROWS_TABLE,
         partitions=settings.partitions,
@@ -169,7 +185,6 @@ def build_app(settings: Settings) -> faust.App:
             "target_file_size_base": 8 * mb,
         },
     )
-    engines: dict[int, PartitionEngine] = {}
 
     def crash(error: BaseException) -> None:
         # The in-memory state may now be ahead of the journal; only a restart (which restores
@@ -178,88 +193,82 @@ def build_app(settings: Settings) -> faust.App:
         logging.shutdown()
         os._exit(70)
 
-    def engine_for(partition: int) -> PartitionEngine:
-        engine = engines.get(partition)
-        if engine is None:
+    kafka_config = settings.kafka_client_config()
+    producer = AsyncProducer({**kafka_config, "message.max.bytes": LLM_REQUESTS_MAX_MESSAGE_BYTES + (1 << 20)})
+    reader = CommandReader(kafka_config, names, f"{settings.app_id}-commands", crash)
+    engines = reader.engines
 
-            async def send(topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-                return await app.producer.send(topic, key, value, partition, None, headers)
+    def new_engine(partition: int) -> PartitionEngine:
+        def produce(topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
+            return producer.produce(topic, key, value, partition, headers)
 
-            engine = engines[partition] = PartitionEngine(
-                partition,
-                FaustRows(app, table, partition, crash),
-                names,
-                send,
-                max_cached_streams=settings.max_cached_streams,
-                partitions=settings.partitions,
-                max_event_bytes=settings.max_event_bytes,
-                fatal=crash,
-                default_model=settings.default_model,
-                transport=settings.transport,
-            )
-        return engine
+        return PartitionEngine(
+            partition,
+            FaustRows(producer, table, partition, crash),
+            names,
+            produce,
+            max_cached_streams=settings.max_cached_streams,
+            partitions=settings.partitions,
+            max_event_bytes=settings.max_event_bytes,
+            fatal=crash,
+            default_model=settings.default_model,
+            transport=settings.transport,
+            render_budget=settings.render_budget,
+        )
 
     async def recover(engine: PartitionEngine) -> None:
-        """Re-fold the journal tail past the rows' recorded position (crash or rebalance)."""
+        """Re-fold the journal tail past the rows' recorded position (crash or rebalance), and
+        publish the results of what it re-folds (its writer may have died before doing so)."""
         started = time.monotonic()
         position = engine.recorded_position()
         consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
         )
         await consumer.start()
+        refolded = 0
         try:
             tp = TopicPartition(names.journal, engine.partition)
             consumer.assign([tp])
             end = (await consumer.end_offsets([tp]))[tp]
-            if position + 1 >= end:
-                engine.caught_up = True
-                engine.wake_streams_with_work()
-                return
-            consumer.seek(tp, position + 1)
-            refolded = 0
-            while True:
-                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
-                records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
-                outcomes: list[tuple[str, bytes, bytes]] = []
-                refolded += engine.catch_up(records, outcomes)
-                await engine.table.commit()
-                # The worker that journaled these may have died before publishing their results.
-                for topic, key, value in outcomes:
-                    await app.producer.send(topic, key, value, engine.partition, None, None)
-                if records and records[-1][0] + 1 >= end:
-                    break
-            log.info(
-                "partition %d: re-folded %d journal events past position %d in %.2fs",
-                engine.partition,
-                refolded,
-                position,
-                time.monotonic() - started,
-            )
-            engine.caught_up = True
-            engine.wake_streams_with_work()
+            if position + 1 < end:
+                consumer.seek(tp, position + 1)
+                while True:
+                    batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
+                    records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
+                    outcomes: list[tuple[str, bytes, bytes]] = []
+                    refolded += engine.catch_up(records, outcomes)
+                    await engine.table.commit()
+                    for topic, key, value in outcomes:
+                        producer.produce(topic, key, value, engine.partition)
+                    if records and records[-1][0] + 1 >= end:
+                        break
         finally:
             await consumer.stop()
+        await producer.drain()
+        log.info(
+            "partition %d: re-folded %d journal events past position %d in %.2fs",
+            engine.partition,
+            refolded,
+            position,
+            time.monotonic() - started,
+        )
+        engine.caught_up = True
+        engine.wake_streams_with_work()
 
-    @app.agent(commands, name="journal")
+    @app.agent(owners, name="journal")
     async def journal(stream: Any) -> None:
-        async for event in stream.noack().events():
-            message = event.message
-            engine = engine_for(message.partition)
+        """A tick per assigned partition arrives once Faust has restored its rows: recover the
+        partition (re-fold the journal tail) and start reading its commands."""
+        producer.start()
+        reader.start()
+        async for event in stream.events():
+            partition = event.message.partition
+            if partition in engines:
+                continue
             try:
-                if not engine.caught_up:
-                    await recover(engine)
-                headers = message.headers or ()
-                await engine.handle(
-                    Command(
-                        partition=message.partition,
-                        offset=message.offset,
-                        key=message.key,
-                        value=message.value or b"",
-                        headers=dict(headers.items() if isinstance(headers, dict) else headers),
-                        ack=event.ack,
-                        internal=message.topic == names.internal_appends,
-                    )
-                )
+                engine = new_engine(partition)
+                await recover(engine)
+                reader.own(engine)
             except Exception as error:
                 crash(error)
 
@@ -271,34 +280,39 @@ def build_app(settings: Settings) -> faust.App:
             if not engine.caught_up:
                 continue
             for path, command in engine.due_commands(now_ms):
-                await app.producer.send(
-                    names.internal_appends, path.encode(), orjson.dumps(command), partition, None, None
-                )
+                producer.produce(names.internal_appends, path.encode(), orjson.dumps(command), partition)
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
-        for partition, engine in list(engines.items()):
-            highwater = app.consumer.highwater(TP(names.appends, partition))
-            if highwater is not None and engine.last_offset >= 0:
-                lag = max(highwater - engine.last_offset - 1, 0)
+        for partition in list(engines):
+            lag = reader.lag(partition)
+            if lag is not None:
                 metrics.CONSUMER_LAG.labels(names.appends, str(partition)).set(lag)
 
     @app.on_partitions_assigned.connect
     async def assigned(app: Any, assigned: set[Any], **_: Any) -> None:
-        # Every owned partition catches up now, not at its next command.
+        # Every owned partition starts now, not at its next tick.
         for tp in assigned:
-            if tp.topic == names.appends:
-                await appends.send(key=b"", value=b"", partition=tp.partition, headers=[(H_TICK, b"1")])
+            if tp.topic == names.journal_owners:
+                await owners.send(key=b"", value=b"", partition=tp.partition, headers=[(H_TICK, b"1")])
 
     @app.on_partitions_revoked.connect
     async def revoked(app: Any, revoked: set[Any], **_: Any) -> None:
+        released: list[PartitionEngine] = []
         for tp in revoked:
-            if tp.topic != names.appends:
+            if tp.topic != names.journal_owners:
                 continue
-            engine = engines.pop(tp.partition, None)
+            engine = reader.release(tp.partition)
             if engine is not None:
-                # Let in-flight journal records land before another worker reads the tail.
-                await asyncio.gather(*(p.wait() for p in engine.queue), return_exceptions=True)
+                released.append(engine)
+        # Let in-flight records land, and rows and positions be stored, before another worker
+        # reads the partitions: drain, deliver the follow-ups, store what they finished.
+        for engine in released:
+            await engine.drain(wait=True)
+        await producer.drain()
+        for engine in released:
+            await engine.drain(wait=True)
+        await producer.drain()
 
     app.agentstream_engines = engines  # type: ignore[attr-defined]
     return app

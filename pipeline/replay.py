@@ -252,13 +252,14 @@ def describe_key(key: bytes) -> str:
 
 
 def _rows_at(path: Path) -> Iterator[tuple[bytes, bytes]]:
-    """Every row of one partition's store in key order, but Faust's own bookkeeping."""
+    """Every row of one partition's store in key order, but bookkeeping the journal cannot
+    rebuild: Faust's changelog offset and the command topics' read positions."""
     if not path.exists():
         return
     db = open_rows(path, read_only=True)
     try:
         for key, value in db.items():
-            if key != FAUST_OFFSET_KEY:
+            if key != FAUST_OFFSET_KEY and not key.startswith(rows.COMMAND_POSITIONS + rows.SEP):
                 yield bytes(key), bytes(value)
     finally:
         db.close()

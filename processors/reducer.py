@@ -11,7 +11,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from processors.state import AgentState, Cell, OpenRequest, PendingTrigger, TriggerSource, UsageReport
+from processors.state import AgentState, Cell, OpenRequest, PendingTrigger, ScriptRun, TriggerSource, UsageReport
+from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.config import merge_config
 from schemas.context import ContextItem, IntegrationActor, LlmRequestPolicy
 from schemas.events import (
@@ -240,6 +241,12 @@ def _settled(state: AgentState, event: Any) -> None:
     if result.status == "succeeded":
         state.consecutive_llm_failures = 0
     elif result.status == "failed":
+        if state.compacted_through >= payload.requestOffset:
+            # The request outgrew the model's context and its history was compacted: the retry
+            # answers from the summary. Not a provider failure, so it spends no attempt (a second
+            # overflow is a newer request than the compaction, and counts).
+            _trigger(state, event.offset, event.createdAt, "agent-loop", None)
+            return
         state.consecutive_llm_failures += 1
         if state.consecutive_llm_failures < state.config.llmRequestRetryPolicy.maxAttempts:
             _trigger(state, event.offset, event.createdAt, "agent-loop", None)
@@ -284,6 +291,25 @@ def _stream_error(state: AgentState, event: Any) -> None:
     state.mark(lane, lane.append(event.offset, item, None))
 
 
+# --- script runs ---------------------------------------------------------------------------------
+
+
+def _script_requested(state: AgentState, event: Any) -> None:
+    payload = event.payload
+    if payload.executionId not in state.scripts:
+        state.scripts[payload.executionId] = ScriptRun(payload.executionId, event.offset, payload.expiresAt)
+
+
+def _script_started(state: AgentState, event: Any) -> None:
+    run = state.scripts.get(event.payload.executionId)
+    if run is not None:
+        run.started = True
+
+
+def _script_settled(state: AgentState, event: Any) -> None:
+    state.scripts.pop(event.payload.executionId, None)
+
+
 _HANDLERS = {
     CONTEXT_ADDED: _context_added,
     AGENT_CREATED: _created,
@@ -294,4 +320,7 @@ _HANDLERS = {
     AGENT_PAUSED: _paused,
     AGENT_RESUMED: _resumed,
     STREAM_ERROR_OCCURRED: _stream_error,
+    SCRIPT_RUN_REQUESTED: _script_requested,
+    SCRIPT_RUN_STARTED: _script_started,
+    SCRIPT_RUN_SETTLED: _script_settled,
 }

@@ -7,6 +7,8 @@ Keys sort so that a prefix scan returns a stream's items in lane order:
     k\\0<path>\\0<idempotencyKey>         the event an idempotency key names
     a\\0<path>\\0<appendId>               the offset a client append id was journaled at
     p\\0<partition>                     journal position folded into this partition's rows
+    c\\0<partition>                     command topics' positions: where reading resumes (not
+                                        derived from the journal; replay has none)
 
 An event rewrites only the rows it touched, so bytes written per event do not grow with the
 projection. Pure: no store or Kafka here.
@@ -27,6 +29,7 @@ from processors.state import (
     LaneName,
     OpenRequest,
     PendingTrigger,
+    ScriptRun,
     SourceOffsets,
     TokenUsage,
     UsageReport,
@@ -34,7 +37,7 @@ from processors.state import (
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
 
-META, ITEM, IDEMPOTENCY, APPEND_ID, POSITION = b"m", b"i", b"k", b"a", b"p"
+META, ITEM, IDEMPOTENCY, APPEND_ID, POSITION, COMMAND_POSITIONS = b"m", b"i", b"k", b"a", b"p", b"c"
 SEP = b"\x00"
 _LANE_TAGS: dict[LaneName, bytes] = {"system": b"s", "history": b"h"}
 _SEQ = struct.Struct(">Q")
@@ -74,6 +77,10 @@ def append_id_key(path: str, append_id: str) -> bytes:
 
 def position_key(partition: int) -> bytes:
     return POSITION + SEP + str(partition).encode()
+
+
+def command_positions_key(partition: int) -> bytes:
+    return COMMAND_POSITIONS + SEP + str(partition).encode()
 
 
 def stream_of_key(key: bytes) -> str | None:
@@ -133,6 +140,7 @@ def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
             "overThreshold": None if state.over_threshold is None else _slots(state.over_threshold),
             "lastRequestCreatedAt": state.last_request_created_at,
             "lastEventCreatedAt": state.last_event_created_at,
+            "scripts": [_slots(run) for run in state.scripts.values()],
             "seqs": [
                 state.system.next_seq,
                 state.system.next_front_seq,
@@ -168,6 +176,8 @@ def decode_meta(value: bytes) -> tuple[AgentState, SourceOffsets]:
         over_threshold=None if meta["overThreshold"] is None else UsageReport(**meta["overThreshold"]),
         last_request_created_at=meta["lastRequestCreatedAt"],
         last_event_created_at=meta["lastEventCreatedAt"],
+        # Rows written before script runs existed have no "scripts".
+        scripts={run["executionId"]: ScriptRun(**run) for run in meta.get("scripts", ())},
     )
     seqs = meta["seqs"]
     state.system.next_seq, state.system.next_front_seq = seqs[0], seqs[1]

@@ -771,6 +771,25 @@ def test_4_3_max_attempts_comes_from_config() -> None:
     assert j.fold().pending is None
 
 
+def test_context_overflow_compacted_retries_without_spending_an_attempt() -> None:
+    """Context that outgrows the model recovers by itself: a request whose history was compacted
+    through it before it failed retries even on its last attempt; a second overflow (a newer
+    request than the compaction) counts as a failure."""
+    j = Journal()
+    j.configured({"llmRequestRetryPolicy": {"maxAttempts": 1}})
+    j.user("hi")
+    r = j.request()
+    j.compaction(r, "summary of everything", policy=DONT_TRIGGER)
+    f = j.settle(r, "failed", errorMessage="context window exceeded; compacted, retrying")
+    state = j.fold()
+    assert state.consecutive_llm_failures == 0
+    assert turn_json(state)["pendingTrigger"] == {"offset": f, "atMs": j.at_ms(f), "source": "agent-loop"}
+    r2 = j.request()
+    j.settle(r2, "failed", errorMessage="overflow again")
+    state = j.fold()
+    assert state.consecutive_llm_failures == 1 and state.pending is None  # gave up: maxAttempts 1
+
+
 def test_4_3_success_resets_consecutive_failures() -> None:
     j = Journal()
     j.user("hi")

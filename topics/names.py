@@ -25,6 +25,8 @@ class TopicNames:
     llm_requests: str
     dlq: str
     results: str
+    script_runs: str  # run requests for the capability host (journaled script-run-requested events)
+    journal_owners: str  # which journal worker owns which partition (Faust's assignment); ticks only
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,8 @@ def topic_names(prefix: str = "") -> TopicNames:
         llm_requests=f"{prefix}llm-requests",
         dlq=f"{prefix}agent-dlq",
         results=f"{prefix}agent-append-results",
+        script_runs=f"{prefix}script-runs",
+        journal_owners=f"{prefix}agent-journal-owners",
     )
 
 
@@ -76,5 +80,15 @@ def topic_specs(prefix: str = "", partitions: int = 8, replication_factor: int =
         ),
         TopicSpec(
             names.results, partitions, replication_factor, {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)}
+        ),
+        # Co-partitioned like llm-requests: one record per journaled script-run-requested event.
+        TopicSpec(names.script_runs, partitions, replication_factor, transient),
+        # Faust assigns its partitions (and the rows table's, co-partitioned) to journal workers; the
+        # owner of partition p reads partition p of the command topics. Holds only assignment ticks.
+        TopicSpec(
+            names.journal_owners,
+            partitions,
+            replication_factor,
+            {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)},
         ),
     ]

@@ -1,0 +1,175 @@
+"""Reads the owned partitions of both command topics in batches and hands them to their engines.
+
+Faust decides which worker owns partition p (the `agent-journal-owners` topic and the rows table
+are co-partitioned); this reader then consumes partition p of `agent-appends` and
+`agent-internal-appends` with a librdkafka consumer (manual assignment, no group membership of its
+own), from the positions the partition's rows record (`CommandPositions`). Records move in
+fetched batches: one decision pass per batch per partition, no per-record framework dispatch.
+
+Offsets are also committed to Kafka under `<app id>-commands` (asynchronously, best effort) so
+`kafka-consumer-groups` shows the lag; correctness never depends on them: the positions in the
+rows do, written in the same RocksDB batch as what those commands produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from pipeline.journal_processor import Command, PartitionEngine
+from topics.admin import quiet_librdkafka
+from topics.names import TopicNames
+
+log = logging.getLogger("agentstream.journal")
+
+BATCH_RECORDS = 5000
+
+
+class CommandReader:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        names: TopicNames,
+        group_id: str,
+        fatal: Callable[[BaseException], None],
+    ) -> None:
+        self.names = names
+        self.fatal = fatal
+        self.engines: dict[int, PartitionEngine] = {}
+        self.consumer = Consumer(
+            quiet_librdkafka(
+                {
+                    **config,
+                    "group.id": group_id,
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "fetch.wait.max.ms": 5,
+                    "fetch.max.bytes": 64 << 20,
+                    "max.partition.fetch.bytes": 8 << 20,
+                    "queued.max.messages.kbytes": 256 << 10,
+                }
+            )
+        )
+        self._task: asyncio.Task[None] | None = None
+        self._commit_due = 0.0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="command-reader")
+
+    def own(self, engine: PartitionEngine) -> None:
+        """Start reading partition p of both command topics after what its rows record as done."""
+        p = engine.partition
+        self.engines[p] = engine
+        positions = engine.positions
+        assignment = [
+            TopicPartition(self.names.appends, p, _resume(positions.done[False])),
+            TopicPartition(self.names.internal_appends, p, _resume(positions.done[True])),
+        ]
+        self.consumer.incremental_assign(assignment)
+        log.info(
+            "partition %d: reading commands from offsets %d (appends) and %d (internal)",
+            p,
+            positions.done[False] + 1,
+            positions.done[True] + 1,
+        )
+
+    def release(self, partition: int) -> PartitionEngine | None:
+        """Stop reading partition p; records already fetched for it are dropped (the next owner
+        reads them again)."""
+        engine = self.engines.pop(partition, None)
+        if engine is None:
+            return None
+        engine.active = False
+        self.consumer.incremental_unassign(
+            [TopicPartition(self.names.appends, partition), TopicPartition(self.names.internal_appends, partition)]
+        )
+        return engine
+
+    async def _run(self) -> None:
+        consume = self.consumer.consume
+        internal_topic = self.names.internal_appends
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if not self.engines:
+                    await asyncio.sleep(0.05)
+                    continue
+                messages = consume(num_messages=BATCH_RECORDS, timeout=0)
+                if not messages:
+                    await asyncio.sleep(0.002)
+                    continue
+                batches: dict[int, list[Command]] = defaultdict(list)
+                for message in messages:
+                    error = message.error()
+                    if error is not None:
+                        if error.code() != KafkaError._PARTITION_EOF:
+                            log.warning("command topic: %s", error.str())
+                        continue
+                    partition = message.partition()
+                    if partition not in self.engines:
+                        continue  # released since it was fetched
+                    headers = message.headers()
+                    batches[partition].append(
+                        Command(
+                            partition=partition,
+                            offset=message.offset(),
+                            key=message.key(),
+                            value=message.value() or b"",
+                            headers=dict(headers) if headers else {},
+                            internal=message.topic() == internal_topic,
+                        )
+                    )
+                for partition, commands in batches.items():
+                    engine = self.engines.get(partition)
+                    if engine is not None:
+                        await engine.handle_batch(commands)
+                if loop.time() >= self._commit_due:
+                    self._commit_due = loop.time() + 5.0
+                    self._commit_positions()
+                await asyncio.sleep(0)  # let deliveries, drains and timers run between batches
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # Kafka or storage I/O: only a restart is safe
+                self.fatal(error)
+                return
+
+    def _commit_positions(self) -> None:
+        offsets = []
+        for p, engine in self.engines.items():
+            for internal, topic in ((False, self.names.appends), (True, self.names.internal_appends)):
+                done = engine.positions.done[internal]
+                if done >= 0:
+                    offsets.append(TopicPartition(topic, p, done + 1))
+        if offsets:
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
+            except Exception as error:  # visibility only
+                log.debug("offset commit for monitoring failed: %s", error)
+
+    def lag(self, partition: int) -> int | None:
+        engine = self.engines.get(partition)
+        if engine is None:
+            return None
+        try:
+            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.names.appends, partition), cached=True)
+        except Exception:
+            return None
+        if high < 0:
+            return None
+        return max(high - engine.positions.done[False] - 1, 0)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self.consumer.close()
+
+
+def _resume(done: int) -> int:
+    return OFFSET_BEGINNING if done < 0 else done + 1

@@ -1,0 +1,126 @@
+"""A librdkafka producer (confluent-kafka) whose deliveries resolve asyncio futures on the loop.
+
+librdkafka batches, compresses and retries in its own threads, and is idempotent (`acks=all`,
+`enable.idempotence`): per partition, records land in the order they were produced, exactly once.
+Delivery callbacks run inside `poll()`, in the calling thread; this wrapper polls from the event
+loop only, so every future is resolved on the loop that awaits it. A `KafkaError` is not an
+exception: it is wrapped in `DeliveryError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from topics.admin import quiet_librdkafka
+
+log = logging.getLogger("agentstream.producer")
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+class DeliveryError(RuntimeError):
+    """A record could not be delivered (after librdkafka's own retries)."""
+
+    def __init__(self, error: KafkaError, topic: str) -> None:
+        super().__init__(f"delivery to {topic} failed: {error.str()}")
+        self.kafka_error = error
+
+
+class AsyncProducer:
+    def __init__(self, config: dict[str, Any], *, poll_interval_s: float = 0.001) -> None:
+        self._producer = Producer(
+            quiet_librdkafka(
+                {
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 5,
+                    # No compression: aiokafka readers (Faust's changelog recovery, the caller)
+                    # would need extra codec libraries, and records here are small JSON.
+                    "queue.buffering.max.messages": 1_000_000,
+                    "queue.buffering.max.kbytes": 1_048_576,
+                    **config,
+                }
+            )
+        )
+        self._poll_interval_s = poll_interval_s
+        self._in_flight = 0
+        self._poller: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start polling for deliveries from the running loop."""
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever(), name="producer-poll")
+
+    async def _poll_forever(self) -> None:
+        while True:
+            self._producer.poll(0)
+            await asyncio.sleep(self._poll_interval_s if self._in_flight else 0.01)
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int,
+        headers: Headers | None = None,
+        on_delivered: Callable[[KafkaError | None, Message], None] | None = None,
+    ) -> asyncio.Future[Message]:
+        """Produce one record; the future resolves (on this loop) with its metadata or fails.
+
+        A full local queue is drained by polling here (librdkafka's BufferError), so a burst
+        larger than the queue slows the caller down instead of failing.
+        """
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            self._in_flight -= 1
+            if on_delivered is not None:
+                on_delivered(error, message)
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(DeliveryError(error, topic))
+            else:
+                future.set_result(message)
+
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, partition=partition, headers=headers, on_delivery=delivered
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._in_flight += 1
+        return future
+
+    def poll(self) -> None:
+        """Serve delivery callbacks now (they resolve futures on this thread)."""
+        self._producer.poll(0)
+
+    async def drain(self, timeout_s: float = 60.0) -> None:
+        """Wait (on the loop) until every record produced so far is delivered or failed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._in_flight > 0:
+            if loop.time() > deadline:
+                raise TimeoutError(f"{self._in_flight} records not delivered within {timeout_s:.0f}s")
+            self._producer.poll(0.005)
+            await asyncio.sleep(0)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def close(self) -> None:
+        try:
+            await self.drain()
+        finally:
+            if self._poller is not None:
+                self._poller.cancel()
+                self._poller = None

@@ -1,0 +1,306 @@
+"""The journal writer's commit protocol without a broker (docs/architecture.md, "Commit protocol").
+
+A `PartitionEngine` is driven with a dict-backed row table and a producer whose deliveries the
+test resolves or fails, so each step's order and each failure mode is checked exactly:
+rows never run ahead of the journal, a command is done only once its outcome is delivered, a
+failed delivery is fatal, a revoked partition produces nothing, and nothing a command holds stops
+the partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.journal_processor import H_REASON, H_SOURCE_OFFSET, Command, CommandPositions, PartitionEngine
+from processors import rows
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
+from topics.names import topic_names
+
+NAMES = topic_names("t-")
+PATH = "/agents/a"
+
+
+class DictRows:
+    """The RowTable contract over a dict; `commit` stores what was put (no changelog here)."""
+
+    def __init__(self) -> None:
+        self.stored: dict[bytes, bytes] = {}
+        self.buffer: dict[bytes, bytes | None] = {}
+        self.commits = 0
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self.buffer:
+            return self.buffer[key]
+        return self.stored.get(key)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        merged: dict[bytes, bytes | None] = {k: v for k, v in self.stored.items() if k.startswith(prefix)}
+        merged.update((k, v) for k, v in self.buffer.items() if k.startswith(prefix))
+        for key in sorted(merged):
+            value = merged[key]
+            if value is not None:
+                yield key, value
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        self.buffer[key] = value
+
+    async def commit(self) -> None:
+        for key, value in self.buffer.items():
+            if value is None:
+                self.stored.pop(key, None)
+            else:
+                self.stored[key] = value
+        self.buffer.clear()
+        self.commits += 1
+
+
+class FakeMessage:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def offset(self) -> int:
+        return self._offset
+
+
+class FakeKafka:
+    """Records every produced record; deliveries stay pending until the test settles them."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes | None, bytes, dict[str, bytes], asyncio.Future[Any]]] = []
+        self.offsets: dict[str, int] = {}
+
+    def produce(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.records.append((topic, key, value, dict(headers), future))
+        return future
+
+    def on(self, topic: str) -> list[tuple[bytes, dict[str, bytes], asyncio.Future[Any]]]:
+        return [(value, headers, future) for t, _, value, headers, future in self.records if t == topic]
+
+    def deliver(self, topic: str | None = None) -> int:
+        delivered = 0
+        for t, _, _, _, future in self.records:
+            if not future.done() and (topic is None or t == topic):
+                offset = self.offsets.get(t, 0)
+                self.offsets[t] = offset + 1
+                future.set_result(FakeMessage(offset))
+                delivered += 1
+        return delivered
+
+    def fail(self, topic: str, index: int) -> None:
+        _, _, future = self.on(topic)[index]
+        future.set_exception(RuntimeError(f"delivery to {topic} failed"))
+
+
+class Harness:
+    def __init__(self, engine_class: type[PartitionEngine] = PartitionEngine) -> None:
+        self.kafka = FakeKafka()
+        self.table = DictRows()
+        self.fatal: list[BaseException] = []
+        self.engine = engine_class(
+            0, self.table, NAMES, self.kafka.produce, max_cached_streams=100, fatal=self.fatal.append
+        )
+        self.offsets = {False: 0, True: 0}
+
+    def command(self, body: dict[str, Any], *, internal: bool = False, offset: int | None = None) -> Command:
+        if offset is None:
+            offset = self.offsets[internal]
+            self.offsets[internal] += 1
+        value = orjson.dumps({"streamPath": PATH, **body})
+        return Command(partition=0, offset=offset, key=PATH.encode(), value=value, headers={}, internal=internal)
+
+    async def handle(self, *commands: Command) -> None:
+        await self.engine.handle_batch(commands)
+
+    async def settle(self) -> None:
+        """Deliver everything, repeatedly (follow-up records are produced after deliveries)."""
+        for _ in range(10):
+            self.kafka.deliver()
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        await self.engine.drain(wait=False)
+
+
+def user(text: str, **extra: Any) -> dict[str, Any]:
+    return {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": text}, **extra}
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def test_rows_are_stored_only_after_the_journal_record_is_acknowledged() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("hi", appendId="x1")))
+        assert len(h.kafka.on(NAMES.journal)) == 1
+        assert rows.meta_key(PATH) not in h.table.stored  # not before the journal has it
+        assert h.kafka.on(NAMES.results) == []  # no outcome for an event the journal may lose
+        assert h.engine.read(rows.meta_key(PATH)) is not None  # but reads see the rows in flight
+        h.kafka.deliver(NAMES.journal)
+        await asyncio.sleep(0)
+        await h.engine.drain(wait=False)
+        assert rows.meta_key(PATH) in h.table.stored
+        assert rows.position_key(0) in h.table.stored  # the journal position, in the same commit
+        (result, _, _) = h.kafka.on(NAMES.results)[0]
+        assert orjson.loads(result) == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
+
+    run(scenario())
+
+
+def test_a_command_is_done_only_once_its_outcome_is_delivered() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("one", appendId="x1")), h.command(user("two")))
+        h.kafka.deliver(NAMES.journal)
+        await asyncio.sleep(0)
+        await h.engine.drain(wait=False)
+        # "two" has no outcome to publish, but "one" comes first: the position waits for it.
+        assert h.engine.positions.done[False] == -1
+        h.kafka.deliver(NAMES.results)
+        await asyncio.sleep(0)
+        assert h.engine.positions.done[False] == 1
+        await h.engine.drain(wait=False)  # the next store records it, with the rows
+        stored = CommandPositions.decode(h.table.stored.get(rows.command_positions_key(0)))
+        assert stored.done == {False: 1, True: -1}
+
+    run(scenario())
+
+
+def test_a_failed_journal_delivery_in_the_middle_is_fatal_and_stores_nothing_after_it() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("one")), h.command(user("two")), h.command(user("three")))
+        journal = h.kafka.on(NAMES.journal)
+        journal[0][2].set_result(FakeMessage(0))
+        h.kafka.fail(NAMES.journal, 1)
+        journal[2][2].set_result(FakeMessage(2))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert h.fatal and "delivery to t-agent-journal failed" in str(h.fatal[0])
+        stored = h.table.stored.get(rows.meta_key(PATH))
+        cursor = 0 if stored is None else orjson.loads(stored)["cursor"]
+        assert cursor <= 1  # nothing past the failed record reached the store
+        assert h.engine.positions.done[False] <= 0
+
+    run(scenario())
+
+
+def test_a_failed_outcome_delivery_is_fatal_and_the_command_is_not_done() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("one", appendId="x1")))
+        h.kafka.deliver(NAMES.journal)
+        await asyncio.sleep(0)
+        await h.engine.drain(wait=False)
+        h.kafka.fail(NAMES.results, 0)
+        await asyncio.sleep(0)
+        assert h.fatal
+        assert h.engine.positions.done[False] == -1  # read again after the restart: outcome republished
+
+    run(scenario())
+
+
+def test_a_revoked_partition_produces_nothing_more() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        h.engine.active = False
+        await h.handle(h.command(user("late")))
+        assert h.kafka.records == []
+
+    run(scenario())
+
+
+def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_twice() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        first = h.command(user("one", appendId="x1"))
+        await h.handle(first)
+        await h.settle()
+        await h.handle(first)  # the same record again (a restart before it was done)
+        await h.settle()
+        assert len(h.kafka.on(NAMES.journal)) == 1
+        results = [orjson.loads(value) for value, _, _ in h.kafka.on(NAMES.results)]
+        assert [r["offset"] for r in results] == [1, 1] and {r["status"] for r in results} == {"journaled"}
+
+    run(scenario())
+
+
+class Exploding(PartitionEngine):
+    def _after_fold(self, entry: Any, event: Any, pending: Any) -> None:
+        if getattr(event.payload, "content", "") == "boom":
+            raise RuntimeError("boom")
+        super()._after_fold(entry, event, pending)
+
+
+def test_nothing_a_command_holds_stops_the_partition() -> None:
+    """An exception while deciding (here: after the fold had changed the state) dead-letters the
+    command as internal_error, the stream's state reloads from its rows, and the next command
+    continues the stream's offsets as if the failed one had never been."""
+
+    async def scenario() -> None:
+        h = Harness(Exploding)
+        await h.handle(h.command(user("ok1")), h.command(user("boom", appendId="x2")), h.command(user("ok2")))
+        await h.settle()
+        journal = [orjson.loads(value) for value, _, _ in h.kafka.on(NAMES.journal)]
+        assert [(e["offset"], e["payload"]["content"]) for e in journal] == [(1, "ok1"), (2, "ok2")]
+        ((value, headers, _),) = h.kafka.on(NAMES.dlq)
+        assert headers[H_REASON] == b"internal_error: RuntimeError: boom" and headers[H_SOURCE_OFFSET] == b"1"
+        assert orjson.loads(value)["payload"]["content"] == "boom"
+        (result,) = [orjson.loads(v) for v, _, _ in h.kafka.on(NAMES.results)]
+        assert result["status"] == "rejected" and result["reason"].startswith("internal_error")
+        assert not h.fatal
+        assert h.engine.positions.done[False] == 2
+
+    run(scenario())
+
+
+def test_worker_only_events_are_refused_on_the_public_topic_and_taken_from_the_internal_one() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        settled = {
+            "type": LLM_REQUEST_SETTLED,
+            "payload": {"requestOffset": 1, "result": {"status": "failed", "errorMessage": "x"}},
+        }
+        await h.handle(h.command(settled), h.command(settled, internal=True))
+        await h.settle()
+        ((_, headers, _),) = h.kafka.on(NAMES.dlq)
+        assert headers[H_REASON].startswith(b"forbidden: ")
+        (journaled,) = [orjson.loads(v) for v, _, _ in h.kafka.on(NAMES.journal)]
+        assert journaled["type"] == LLM_REQUEST_SETTLED
+        assert h.engine.positions.done == {False: 0, True: 0}
+
+    run(scenario())
+
+
+def test_source_offsets_are_per_command_topic() -> None:
+    """Offset 0 of the internal topic is not offset 0 of agent-appends: both are journaled."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("public"), offset=0), h.command(user("internal"), internal=True, offset=0))
+        await h.settle()
+        assert [orjson.loads(v)["offset"] for v, _, _ in h.kafka.on(NAMES.journal)] == [1, 2]
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]])
+def test_command_positions_are_the_end_of_the_done_prefix(order: list[int]) -> None:
+    positions = CommandPositions()
+    for offset in (10, 11, 12):
+        positions.arrived(False, offset)
+    expected = -1
+    finished: set[int] = set()
+    for index in order:
+        positions.finished(False, 10 + index)
+        finished.add(index)
+        while expected + 1 - 10 in finished or (expected == -1 and 0 in finished):
+            expected = 10 if expected == -1 else expected + 1
+        assert positions.done[False] == expected
+    assert positions.done == {False: 12, True: -1}
