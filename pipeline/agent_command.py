@@ -138,6 +138,8 @@ def _show(args: argparse.Namespace) -> int:
             print(orjson.dumps(projection_json(state), option=orjson.OPT_INDENT_2).decode())
             return 0
         print(f"# {args.path}: status {state.status}, published through @{state.published_through}")
+        for run in state.scripts.values():  # a running script: which one, and whether it has started
+            print(f"# script {run.executionId} (@{run.offset}) {'started' if run.started else 'requested'}")
         for message in render_messages(state, args.transport or client.settings.transport)[1:]:
             print(f"[{message['role']}]\n{message['content']}\n")
     return 0

@@ -35,6 +35,8 @@ def _worker(args: argparse.Namespace) -> int:
         from pipeline.journal_worker import run
     elif args.kind == "router":
         from pipeline.router import run
+    elif args.kind == "capabilities":
+        from pipeline.capabilities.host import run
     else:
         from pipeline.llm_caller import run
     run(settings)
@@ -74,9 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="run a worker in the foreground")
     worker.add_argument(
         "kind",
-        choices=["journal", "caller", "router"],
+        choices=["journal", "caller", "router", "capabilities"],
         help="journal: the journal processor (Faust); caller: answers llm-requests through the OpenAI SDK; "
-        "router: routes events of subscribed streams to their subscribers (Faust)",
+        "router: routes events of subscribed streams to their subscribers (Faust); "
+        "capabilities: runs the Python agents write, sandboxed (pydantic-monty)",
     )
     worker.set_defaults(run=_worker)
 

@@ -60,6 +60,14 @@ def fold_lines(lines: IO[bytes], through: int | None, warn: IO[str]) -> tuple[Ag
     return state, last
 
 
+def running_scripts(state: AgentState) -> list[dict[str, Any]]:
+    """Executions requested or started and not yet settled (the `running-script` status)."""
+    return [
+        {"executionId": run.executionId, "offset": run.offset, "expiresAt": run.expiresAt, "started": run.started}
+        for run in state.scripts.values()
+    ]
+
+
 class BadInput(Exception):
     pass
 
@@ -84,5 +92,7 @@ def run(args: argparse.Namespace) -> int:
         "turn": turn_json(state),
         "messages": render_messages(state, args.transport, last.createdAt if is_request else None),
     }
+    if state.scripts:  # status "running-script": say which
+        output["turn"]["runningScripts"] = running_scripts(state)
     sys.stdout.buffer.write(orjson.dumps(output, option=orjson.OPT_INDENT_2) + b"\n")
     return 0

@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import orjson
+from confluent_kafka import KafkaError
 from pydantic import ValidationError
 
 from pipeline import heap, metrics
+from pipeline.kafka_producer import OnDelivery
 from pipeline.partitioner import partition_for
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
@@ -74,6 +76,7 @@ H_TICK = "agentstream-tick"
 # A scheduler command not journaled within this time is sent again (its idempotency key makes a
 # duplicate harmless).
 RESEND_AFTER_MS = 5_000
+FOLD_SAMPLE = 16  # time one fold in this many for the fold-latency histogram
 
 
 class RowTable(Protocol):
@@ -86,9 +89,9 @@ class RowTable(Protocol):
         """Make the puts so far durable (e.g. send them to a changelog)."""
 
 
-# (topic, key, value, headers) -> future of the record's metadata, resolved on the event loop.
-# Every record goes to this engine's partition number (all topics are co-partitioned).
-Produce = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]]], "asyncio.Future[Any]"]
+# Produce one record to this engine's partition number (every topic is co-partitioned):
+# (topic, key, value, headers, on_delivery(error, message)); the callback runs on the event loop.
+Send = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]], OnDelivery | None], None]
 
 
 @dataclass(slots=True)
@@ -122,28 +125,41 @@ class Decision:
     reject_reason: str | None = None  # set: the command goes to the dead-letter topic
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Pending:
-    """A handled command whose journal record may not be acknowledged yet."""
+    """A handled command whose journal (or dead-letter) record may not be acknowledged yet."""
 
     command: Command
-    delivery: asyncio.Future[Any] | None  # journal record metadata, if one was produced
     rows: list[rows.Row]
-    dlq_delivery: asyncio.Future[Any] | None = None
     # Records published once the journal record is acknowledged (results, LLM requests): nothing
     # downstream ever sees an event the journal might still lose.
     after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
+    awaiting: int = 0  # journal / dead-letter records produced and not yet settled
+    journal_offset: int | None = None  # the journal record's offset, once acknowledged
+    error: BaseException | None = None  # a failed delivery: fatal when the queue reaches it
+    on_settled: Callable[[], None] | None = None
 
     def done(self) -> bool:
-        return (self.delivery is None or self.delivery.done()) and (
-            self.dlq_delivery is None or self.dlq_delivery.done()
-        )
+        return self.awaiting == 0
 
     async def wait(self) -> None:
-        if self.delivery is not None:
-            await self.delivery
-        if self.dlq_delivery is not None:
-            await self.dlq_delivery
+        while self.awaiting:
+            await asyncio.sleep(0.001)  # the producer's poll task settles deliveries meanwhile
+
+    def journal_delivered(self, error: KafkaError | None, message: Any) -> None:
+        if error is None:
+            self.journal_offset = message.offset()
+        self._settled(error, "journal")
+
+    def dlq_delivered(self, error: KafkaError | None, message: Any) -> None:
+        self._settled(error, "dead-letter")
+
+    def _settled(self, error: KafkaError | None, what: str) -> None:
+        self.awaiting -= 1
+        if error is not None and self.error is None:
+            self.error = RuntimeError(f"{what} record not delivered: {error.str()}")
+        if self.on_settled is not None:
+            self.on_settled()
 
 
 class CommandPositions:
@@ -191,7 +207,7 @@ class PartitionEngine:
         partition: int,
         table: RowTable,
         topics: Any,
-        produce: Produce,
+        send: Send,
         *,
         max_cached_streams: int,
         partitions: int = 0,  # the topic's partition count, to refuse misrouted commands (0: no check)
@@ -206,7 +222,7 @@ class PartitionEngine:
         self.partition = partition
         self.table = table
         self.topics = topics
-        self.produce = produce
+        self.send = send
         self.clock_ms = clock_ms
         self.partitions = partitions
         self.default_model = default_model
@@ -279,11 +295,11 @@ class PartitionEngine:
             self.overlay[key] = value
             self.overlay_owner[key] = pending
         self.queue.append(pending)
-        futures = [f for f in (pending.delivery, pending.dlq_delivery) if f is not None]
-        if futures:
-            futures[-1].add_done_callback(self._delivered)
-        else:
+        if pending.awaiting == 0:
             self._delivered(None)
+
+    def _on_settled(self) -> None:
+        self._delivered(None)
 
     def _delivered(self, _: object) -> None:
         """A delivery completed: store what is ready now, without waiting for the next command.
@@ -316,10 +332,9 @@ class PartitionEngine:
                 await pending.wait()
             queue.popleft()
             self._store(pending)
-            if pending.delivery is not None:
-                position = pending.delivery.result().offset()
-            deliveries = [self.produce(topic, key, value, []) for topic, key, value in pending.after]
-            self._finish_when_delivered(pending.command, deliveries)
+            if pending.journal_offset is not None:
+                position = pending.journal_offset
+            self._send_follow_ups(pending.command, pending.after)
             stored += 1
         if position is not None:
             # Once per batch, after every row it covers: recovery re-folds the journal past it.
@@ -333,8 +348,8 @@ class PartitionEngine:
         return stored
 
     def _store(self, pending: Pending) -> None:
-        if pending.dlq_delivery is not None:
-            pending.dlq_delivery.result()  # a failed DLQ delivery must not be acknowledged silently
+        if pending.error is not None:
+            raise pending.error  # the journal (or the dead-letter topic) lacks it: only a restart is safe
         put = self.table.put
         for key, value in pending.rows:
             put(key, value)
@@ -342,30 +357,30 @@ class PartitionEngine:
                 del self.overlay_owner[key]
                 del self.overlay[key]
 
-    def _finish_when_delivered(self, command: Command, deliveries: list[asyncio.Future[Any]]) -> None:
-        """A command is done once what follows its journal record is in Kafka too: a crash before
-        that reads the command again, and its outcome is published again."""
+    def _send_follow_ups(self, command: Command, records: list[tuple[str, bytes, bytes]]) -> None:
+        """Publish what follows a journaled command. The command is done once these are in Kafka
+        too: a crash before that reads the command again, and its outcome is published again."""
         finished = self.positions.finished
-        if not deliveries:
+        if not records:
             finished(command.internal, command.offset)
             return
-        remaining = len(deliveries)
+        remaining = len(records)
 
-        def delivered(future: asyncio.Future[Any]) -> None:
+        def delivered(error: KafkaError | None, _message: Any) -> None:
             nonlocal remaining
-            error = future.exception() if not future.cancelled() else RuntimeError("delivery cancelled")
             if error is not None:
+                failure = RuntimeError(f"record after the journal not delivered: {error.str()}")
                 if self.fatal is None:
-                    raise error
-                self.fatal(error)  # an outcome the journal promised is lost: restart and republish
+                    raise failure
+                self.fatal(failure)  # an outcome the journal promised is lost: restart and republish
                 return
             remaining -= 1
             if remaining == 0:
                 finished(command.internal, command.offset)
                 self._delivered(None)  # record the new position soon, even if no command follows
 
-        for future in deliveries:
-            future.add_done_callback(delivered)
+        for topic, key, value in records:
+            self.send(topic, key, value, [], delivered)
 
     # --- commands ------------------------------------------------------------------------------
 
@@ -396,12 +411,11 @@ class PartitionEngine:
         """Everything about one command that is not I/O: validate, dedupe, journal, fold."""
         size = len(command.value)
         if size > self.max_event_bytes:
-            return self._rejection(
-                command,
-                None,
+            reason = (
                 f"too_large: the command is {size} bytes, over maxEventBytes ({self.max_event_bytes}); "
-                "keep bulky data in a referenced event or a file",
+                "keep bulky data in a referenced event or a file"
             )
+            return self._rejection(command, _parsed_or_none(command.value), reason)
         try:
             append = AppendCommand.model_validate_json(command.value)
         except ValidationError as error:
@@ -409,23 +423,25 @@ class PartitionEngine:
         misrouted = self._misrouted(command, append.streamPath)
         if misrouted is not None:
             return self._rejection(command, append, misrouted)
-        if not command.internal:
-            forbidden = worker_only_reason(append.type, append.payload)
-            if forbidden is not None:
-                return self._rejection(command, append, forbidden)
         entry = self.entry(append.streamPath)
         if entry.sources.covers(command.internal, command.offset):
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
-            pending = Pending(command, None, [])
+            pending = Pending(command, [])
             self._republish(pending, append)
             return Decision(pending)
+        if not command.internal:
+            forbidden = worker_only_reason(append.type, append.payload)
+            if forbidden is not None:
+                return self._rejection(command, append, forbidden)
         state = entry.state
         was_open, was_paused = state.open, state.paused
         sources = entry.sources.advanced(command.internal, command.offset)
-        started = time.perf_counter()
+        timed = self.handled % FOLD_SAMPLE == 0  # a sample is as telling as every fold, and cheaper
+        started = time.perf_counter() if timed else 0.0
         outcome = journal_command(state, append, now_ms=self.clock_ms(), sources=sources, read=self.read)
-        metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
+        if timed:
+            metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         if isinstance(outcome, Journaled):
             entry.sources = sources
             _observe(outcome.event, state, was_open, was_paused)
@@ -434,14 +450,14 @@ class PartitionEngine:
                 headers.append((H_SOURCE_TOPIC, INTERNAL))
             if append.appendId is not None:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
-            pending = Pending(command, None, outcome.rows)
+            pending = Pending(command, outcome.rows)
             self._result(pending, append, "journaled", outcome.event.offset)
             self._after_fold(entry, outcome.event, pending)
             self._script_follow_ups(entry, outcome.event, pending)
             return Decision(pending, journal=(outcome.record, headers))
         if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
-            pending = Pending(command, None, [])
+            pending = Pending(command, [])
             self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
             return Decision(pending)
         assert isinstance(outcome, Rejected)
@@ -459,15 +475,12 @@ class PartitionEngine:
         path = command.key.decode(errors="replace") if command.key else None
         if path is not None:
             self.streams.pop(path, None)
-        append = None
-        try:
-            append = AppendCommand.model_validate_json(command.value)
-        except Exception:  # the result needs the append id; without one nobody waits
-            append = None
-        return self._rejection(command, append, f"internal_error: {type(error).__name__}: {error}")
+        return self._rejection(
+            command, _parsed_or_none(command.value), f"internal_error: {type(error).__name__}: {error}"
+        )
 
     def _rejection(self, command: Command, append: AppendCommand | None, reason: str) -> Decision:
-        pending = Pending(command, None, [])
+        pending = Pending(command, [])
         if append is not None:
             self._result(pending, append, "rejected", None, reason)
         return Decision(pending, reject_reason=reason)
@@ -483,6 +496,7 @@ class PartitionEngine:
     def _carry_out(self, command: Command, decision: Decision) -> None:
         """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
         pending = decision.pending
+        pending.on_settled = self._on_settled
         if decision.reject_reason is not None:
             reason = decision.reject_reason
             metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
@@ -493,10 +507,12 @@ class PartitionEngine:
                 ("source-partition", str(command.partition).encode()),
                 (H_SOURCE_OFFSET, str(command.offset).encode()),
             ]
-            pending.dlq_delivery = self.produce(self.topics.dlq, command.key, command.value, headers)
+            pending.awaiting += 1
+            self.send(self.topics.dlq, command.key, command.value, headers, pending.dlq_delivered)
         if decision.journal is not None:
             record, headers = decision.journal
-            pending.delivery = self.produce(self.topics.journal, command.key, record, headers)
+            pending.awaiting += 1
+            self.send(self.topics.journal, command.key, record, headers, pending.journal_delivered)
         self._stage(pending)
 
     def _misrouted(self, command: Command, path: str) -> str | None:
@@ -519,10 +535,8 @@ class PartitionEngine:
         reason: str | None = None,
     ) -> None:
         if append.appendId is not None:
-            outcome = AppendOutcome(
-                appendId=append.appendId, streamPath=append.streamPath, status=status, offset=offset, reason=reason
-            )
-            pending.after.append((self.topics.results, append.streamPath.encode(), outcome.encode()))
+            outcome = AppendOutcome.encode_trusted(append.appendId, append.streamPath, status, offset, reason)
+            pending.after.append((self.topics.results, append.streamPath.encode(), outcome))
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -709,9 +723,18 @@ class PartitionEngine:
         return refolded
 
 
+def _parsed_or_none(value: bytes) -> AppendCommand | None:
+    """The command, if it parses: its append id gets the rejection as an outcome (nobody waits
+    on a command without one)."""
+    try:
+        return AppendCommand.model_validate_json(value)
+    except Exception:
+        return None
+
+
 def _observe(event: Any, state: AgentState, was_open: Any, was_paused: bool) -> None:
     """Metrics of one journaled event (the state is already folded)."""
-    metrics.EVENTS_JOURNALED.labels(metrics.event_type_label(event.type)).inc()
+    metrics.journaled(event.type).inc()
     if state.open is not None and state.open is not was_open:
         metrics.REQUESTS_OPENED.inc()
     if was_open is not None and state.open is None and event.type == LLM_REQUEST_SETTLED:

@@ -118,11 +118,14 @@ class FaustRows:
                 return
             last_offset = max(last_offset, message.offset())
             if remaining == 0 and not failed:
-                self._apply(burst, records, last_offset)
+                try:
+                    self._apply(burst, records, last_offset)
+                except Exception as error:  # the local store failed: only a restart is safe
+                    self.fatal(error)
 
         for key, value in records.items():
             self.in_flight[key] = (burst, value)
-            self.producer.produce(topic, key, value, self.partition, on_delivered=delivered)
+            self.producer.send(topic, key, value, self.partition, None, delivered)
 
     def _apply(self, burst: int, records: dict[bytes, bytes | None], changelog_offset: int) -> None:
         batch = WriteBatch(raw_mode=True)
@@ -199,14 +202,16 @@ def build_app(settings: Settings) -> faust.App:
     engines = reader.engines
 
     def new_engine(partition: int) -> PartitionEngine:
-        def produce(topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-            return producer.produce(topic, key, value, partition, headers)
+        def send(
+            topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], on_delivery: Any
+        ) -> None:
+            producer.send(topic, key, value, partition, headers, on_delivery)
 
         return PartitionEngine(
             partition,
             FaustRows(producer, table, partition, crash),
             names,
-            produce,
+            send,
             max_cached_streams=settings.max_cached_streams,
             partitions=settings.partitions,
             max_event_bytes=settings.max_event_bytes,
@@ -239,7 +244,7 @@ def build_app(settings: Settings) -> faust.App:
                     refolded += engine.catch_up(records, outcomes)
                     await engine.table.commit()
                     for topic, key, value in outcomes:
-                        producer.produce(topic, key, value, engine.partition)
+                        producer.send(topic, key, value, engine.partition)
                     if records and records[-1][0] + 1 >= end:
                         break
         finally:
@@ -280,7 +285,7 @@ def build_app(settings: Settings) -> faust.App:
             if not engine.caught_up:
                 continue
             for path, command in engine.due_commands(now_ms):
-                producer.produce(names.internal_appends, path.encode(), orjson.dumps(command), partition)
+                producer.send(names.internal_appends, path.encode(), orjson.dumps(command), partition)
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:

@@ -31,7 +31,13 @@ class DeliveryError(RuntimeError):
         self.kafka_error = error
 
 
+OnDelivery = Callable[[KafkaError | None, Message], None]
+
+
 class AsyncProducer:
+    """librdkafka from the event loop: `send` with a delivery callback (the hot path: no future
+    per record), `produce` with a future, both served by polling on the loop."""
+
     def __init__(self, config: dict[str, Any], *, poll_interval_s: float = 0.001) -> None:
         self._producer = Producer(
             quiet_librdkafka(
@@ -48,7 +54,6 @@ class AsyncProducer:
             )
         )
         self._poll_interval_s = poll_interval_s
-        self._in_flight = 0
         self._poller: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -57,30 +62,41 @@ class AsyncProducer:
             self._poller = asyncio.get_running_loop().create_task(self._poll_forever(), name="producer-poll")
 
     async def _poll_forever(self) -> None:
+        producer = self._producer
         while True:
-            self._producer.poll(0)
-            await asyncio.sleep(self._poll_interval_s if self._in_flight else 0.01)
+            producer.poll(0)
+            await asyncio.sleep(self._poll_interval_s if len(producer) else 0.01)
 
-    def produce(
+    def send(
         self,
         topic: str,
         key: bytes | None,
         value: bytes | None,
         partition: int,
         headers: Headers | None = None,
-        on_delivered: Callable[[KafkaError | None, Message], None] | None = None,
-    ) -> asyncio.Future[Message]:
-        """Produce one record; the future resolves (on this loop) with its metadata or fails.
+        on_delivery: OnDelivery | None = None,
+    ) -> None:
+        """Produce one record; `on_delivery(error, message)` runs on the loop once it is settled.
 
         A full local queue is drained by polling here (librdkafka's BufferError), so a burst
         larger than the queue slows the caller down instead of failing.
         """
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, partition=partition, headers=headers, on_delivery=on_delivery
+                )
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def produce(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Headers | None = None
+    ) -> asyncio.Future[Message]:
+        """Produce one record; the future resolves with its metadata or fails with DeliveryError."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
 
         def delivered(error: KafkaError | None, message: Message) -> None:
-            self._in_flight -= 1
-            if on_delivered is not None:
-                on_delivered(error, message)
             if future.done():
                 return
             if error is not None:
@@ -88,34 +104,26 @@ class AsyncProducer:
             else:
                 future.set_result(message)
 
-        while True:
-            try:
-                self._producer.produce(
-                    topic, value=value, key=key, partition=partition, headers=headers, on_delivery=delivered
-                )
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-        self._in_flight += 1
+        self.send(topic, key, value, partition, headers, delivered)
         return future
 
     def poll(self) -> None:
-        """Serve delivery callbacks now (they resolve futures on this thread)."""
+        """Serve delivery callbacks now (they run on this thread)."""
         self._producer.poll(0)
 
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Wait (on the loop) until every record produced so far is delivered or failed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self._in_flight > 0:
+        while len(self._producer) > 0:
             if loop.time() > deadline:
-                raise TimeoutError(f"{self._in_flight} records not delivered within {timeout_s:.0f}s")
+                raise TimeoutError(f"{len(self._producer)} records not delivered within {timeout_s:.0f}s")
             self._producer.poll(0.005)
             await asyncio.sleep(0)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return len(self._producer)
 
     async def close(self) -> None:
         try:

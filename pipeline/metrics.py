@@ -7,6 +7,8 @@ never stream paths. The README's metrics table lists each one.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from schemas.events import CONSUMED_TYPES
@@ -39,6 +41,19 @@ CONSUMER_LAG = Gauge(
 PROVIDER_SECONDS = Histogram(
     "agentstream_provider_request_seconds", "LLM provider call time, by outcome.", ["outcome"], buckets=_PROVIDER
 )
+
+
+_JOURNALED: dict[str, Any] = {}
+
+
+def journaled(event_type: str) -> Any:
+    """The journaled-events counter child of a type (label lookups cached: one per event)."""
+    child = _JOURNALED.get(event_type)
+    if child is None:
+        if len(_JOURNALED) > 1000:  # producers choose types freely: keep the cache bounded
+            _JOURNALED.clear()
+        child = _JOURNALED[event_type] = EVENTS_JOURNALED.labels(event_type_label(event_type))
+    return child
 
 
 def event_type_label(event_type: str) -> str:
@@ -75,3 +90,19 @@ def serve(port: int) -> None:
     """Serve /metrics on 0.0.0.0:port in a background thread (port 0: no server)."""
     if port:
         start_http_server(port)
+
+
+# --- the capability host (`agentstream worker capabilities`) -----------------------------------
+_SCRIPT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+SCRIPT_RUNS = Counter(
+    "agentstream_script_runs_total",
+    "Script runs settled, by outcome: succeeded, or the failure kind (syntax, runtime, limit, timeout, expired, "
+    "crashed).",
+    ["outcome"],
+)
+SCRIPT_RUN_SECONDS = Histogram(
+    "agentstream_script_run_seconds", "Wall time of one script run in the sandbox.", buckets=_SCRIPT
+)
+SCRIPT_POOL_SIZE = Gauge("agentstream_script_pool_size", "Scripts the host runs at once (sandbox workers).")
+SCRIPT_POOL_BUSY = Gauge("agentstream_script_pool_busy", "Sandbox slots in use (saturation: busy / size).")
+SCRIPT_QUEUED = Gauge("agentstream_script_runs_queued", "Run requests received and not yet settled (this host).")

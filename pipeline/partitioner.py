@@ -6,6 +6,8 @@ stream lives in all of them. Producers use librdkafka's `murmur2_random`, which 
 
 from __future__ import annotations
 
+import functools
+
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
 
@@ -35,5 +37,7 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=65_536)
 def partition_for(stream_path: str, partitions: int) -> int:
+    # Cached: the journal worker checks every command's partition, and a stream's path repeats.
     return (murmur2(stream_path.encode()) & 0x7FFFFFFF) % partitions

@@ -1,38 +1,49 @@
 """`agentstream replay`: rebuild projections from agent-journal alone, and verify the live store.
 
 The journal is the source of truth. Replay reads every partition of agent-journal from its start to
-the end it had when replay began, folds each stream through the same `PartitionEngine.catch_up`
-the worker uses after a crash, and writes the rows into a fresh RocksDB directory (one database
-per partition, the layout of the live store). `--verify` then compares every row of the two
-stores, partition by partition (each stream's metadata, item, idempotency and append-id rows, the
-partition's journal position and any row no stream owns), and prints every row that exists on one
-side only or differs.
+the end it had when replay began, folds each stream with the reducer and row encodings the worker
+uses (`pipeline.replay_fold`: the rows `PartitionEngine.catch_up` would store, encoded once per
+batch), and writes the rows into a fresh RocksDB directory (one database per partition, the layout
+of the live store). Records are consumed in batches and each batch's rows are written in one
+`WriteBatch`. `--jobs N` replays partitions in N processes at once (a partition is folded by one
+process, start to end). `--verify` then compares every row of the two stores, partition by
+partition (each stream's metadata, item, idempotency and append-id rows, the partition's journal
+position and any row no stream owns), and prints every row that exists on one side only or differs.
+
+The output is written without RocksDB's write-ahead log: it is rebuilt from scratch, never
+resumed. An interrupted replay (Ctrl-C, a crash, a lost machine) may leave partial databases; the
+next replay into the same directory deletes them and starts over.
 
 The output directory is replay's own: it must be new, empty or a previous replay output (marked by
 a `.agentstream-replay` file), and outside the live data directory; anything else is refused, never
-deleted.
-"""
+deleted."""
 
 from __future__ import annotations
 
 import argparse
+import gc
+import multiprocessing
+import os
+import pickle
+import queue
 import shutil
+import signal
 import struct
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
-from rocksdict import AccessType, Options, Rdict
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from rocksdict import AccessType, MemtableFactory, Options, Rdict, WriteBatch, WriteOptions
 from tqdm import tqdm
 
 from pipeline.agent_command import check_path
 from pipeline.client import consume_ready, watermarks
-from pipeline.journal_processor import PartitionEngine
 from pipeline.partitioner import partition_for
+from pipeline.replay_fold import PartitionFold, Record
 from pipeline.settings import Settings
 from processors import rows
 from topics.admin import KafkaSetupError, quiet_librdkafka, require_topics
@@ -41,6 +52,7 @@ from topics.names import topic_names
 EXIT_DIFFERENT = 1
 MARKER = ".agentstream-replay"  # in every directory replay created: only those may be overwritten
 FAUST_OFFSET_KEY = b"__faust\0offset__"  # Faust's own row in the live store (its changelog offset)
+BATCH = 10_000  # records per consume call, and at most per write batch
 
 
 class ReplayRefused(ValueError):
@@ -134,66 +146,265 @@ def prepare_out_dir(out_dir: Path, data_dir: Path) -> None:
     (out / MARKER).write_text("written by `agentstream replay`; a later replay may replace the rows-*.db here\n")
 
 
-def replay(settings: Settings, out_dir: Path, only_path: str | None = None, progress: bool = True) -> ReplayStats:
-    """Fold agent-journal (every stream, or one) into fresh rows under `out_dir`."""
-    names = topic_names(settings.topic_prefix)
-    prepare_out_dir(out_dir, settings.data_dir)
-    consumer = Consumer(
+def _consumer(client_config: dict[str, Any]) -> Consumer:
+    return Consumer(
         quiet_librdkafka(
             {
-                **settings.kafka_client_config(),
+                **client_config,
                 "group.id": "agentstream-replay",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
                 "fetch.max.bytes": 64 << 20,
+                "max.partition.fetch.bytes": 16 << 20,  # one partition at a time: let one fetch be large
                 "fetch.wait.max.ms": 10,  # partitions are read one after another: do not idle at each switch
             }
         )
     )
+
+
+def _open_output(path: Path) -> Rdict:
+    """A replay output database: a large memtable, and no write-ahead log (see the module docstring)."""
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_write_buffer_size(64 << 20)
+    # Written, never read, until closed: an unsorted memtable takes rows at a quarter of a skip
+    # list's cost and sorts them once when flushed (in a background thread).
+    options.set_allow_concurrent_memtable_write(False)
+    options.set_memtable_factory(MemtableFactory.vector())
+    db = Rdict(str(path), options=options)
+    write_options = WriteOptions()
+    write_options.disable_wal = True
+    db.set_write_options(write_options)
+    return db
+
+
+def _write(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
+    """One batch's rows in one atomic write."""
+    batch = WriteBatch(raw_mode=True)
+    for key, value in staged.items():
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    db.write(batch)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionTask:
+    """One partition's journal, from `low` to the end it had when replay began (`high`)."""
+
+    partition: int
+    low: int
+    high: int
+
+
+def replay_partition(
+    consumer: Consumer,
+    topic: str,
+    task: PartitionTask,
+    out_dir: Path,
+    only_path: str | None,
+    report: Callable[[int], None],
+) -> tuple[int, list[str]]:
+    """Fold one partition's journal into `rows-{p}.db`: (events folded, streams seen).
+
+    Records are consumed in batches; each batch's rows are written in one `WriteBatch`.
+    `report(n)` is told how many records each batch consumed (progress).
+    """
+    db = _open_output(out_dir / f"rows-{task.partition}.db")
+    fold = PartitionFold(task.partition)
+    only_key = None if only_path is None else only_path.encode()
+    try:
+        if task.high > task.low:
+            consumer.assign([TopicPartition(topic, task.partition, task.low)])
+            position = task.low
+            while position < task.high:
+                records: list[Record] = []
+                consumed = 0
+                for message in consume_ready(consumer, BATCH, 1.0):
+                    offset = message.offset()
+                    if message.error() is not None or offset >= task.high:
+                        continue
+                    position = offset + 1
+                    consumed += 1
+                    if only_key is not None and message.key() != only_key:
+                        continue
+                    records.append((offset, message.value(), message.headers()))
+                fold.fold(records)
+                staged = fold.take()
+                if staged:
+                    _write(db, staged)
+                report(consumed)
+    finally:
+        db.close()  # flushes the memtable: nothing is lost without the log on a clean close
+    return fold.folded, list(fold.streams)
+
+
+def replay(
+    settings: Settings,
+    out_dir: Path,
+    only_path: str | None = None,
+    progress: bool = True,
+    jobs: int = 1,
+) -> ReplayStats:
+    """Fold agent-journal (every stream, or one) into fresh rows under `out_dir`.
+
+    With `jobs` > 1 the partitions are replayed by that many processes (each partition's rows are
+    their own database, and one process folds a partition from start to end).
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    names = topic_names(settings.topic_prefix)
+    prepare_out_dir(out_dir, settings.data_dir)
     stats = ReplayStats()
     started = time.monotonic()
+    consumer: Consumer | None = _consumer(settings.kafka_client_config())
+    pool: _Pool | None = None
     try:
         partitions = _journal_partitions(consumer, names.journal)
         if only_path is not None:
             partitions = [partition_for(only_path, len(partitions))]
-        ends: dict[int, tuple[int, int]] = {}
-        for p in partitions:
-            ends[p] = watermarks(consumer, TopicPartition(names.journal, p))
-        total = sum(high - low for low, high in ends.values())
-        bar = tqdm(total=total, unit="ev", desc="replay", disable=not progress, file=sys.stderr, mininterval=0.5)
-        for p in partitions:
-            low, high = ends[p]
-            db = open_rows(out_dir / f"rows-{p}.db")
-            engine = PartitionEngine(p, RdictRows(db), names, _no_send, max_cached_streams=1 << 30)
-            try:
-                if high > low:
-                    consumer.assign([TopicPartition(names.journal, p, low)])
-                    position = low
-                    while position < high:
-                        batch: list[tuple[int, bytes, dict[str, bytes]]] = []
-                        consumed = 0
-                        for message in consume_ready(consumer, 5000, 1.0):
-                            if message.error() is not None or message.offset() >= high:
-                                continue
-                            position = message.offset() + 1
-                            consumed += 1
-                            if only_path is not None and message.key() != only_path.encode():
-                                continue
-                            batch.append((message.offset(), message.value(), dict(message.headers() or ())))
-                        stats.events += engine.catch_up(batch)
-                        bar.update(consumed)
-                stats.streams.update(engine.streams)
-            finally:
-                db.close()
-        bar.close()
+        if jobs > 1 and len(partitions) > 1:
+            # Started first: their interpreters start up while the journal's ends are read.
+            pool = _Pool(min(jobs, len(partitions)), settings.kafka_client_config(), names.journal, out_dir, only_path)
+        tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(names.journal, p))) for p in partitions]
+        total = sum(task.high - task.low for task in tasks)
+        with tqdm(total=total, unit="ev", desc="replay", disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
+            if pool is not None:
+                consumer.close()  # the workers read; this process shows progress
+                consumer = None
+                results: Iterable[tuple[int, list[str]]] = pool.run(tasks, bar.update)
+            else:
+                results = (
+                    replay_partition(consumer, names.journal, task, out_dir, only_path, bar.update) for task in tasks
+                )
+            for events, streams in results:
+                stats.events += events
+                stats.streams.update(streams)
     finally:
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
+            gc.unfreeze()  # the fold froze its projections (the worker's GC policy); they are garbage now
+        if pool is not None:
+            pool.close()
     stats.seconds = time.monotonic() - started
     return stats
 
 
-async def _no_send(*_: Any) -> Any:
-    raise RuntimeError("replay never produces")
+class _Pool:
+    """Processes that replay partitions taken from a shared queue (largest first) and report
+    progress, results and failures on another queue."""
+
+    def __init__(self, size: int, client_config: dict[str, Any], topic: str, out_dir: Path, only_path: str | None):
+        context = multiprocessing.get_context("spawn")  # never fork a process that holds librdkafka threads
+        self.tasks: multiprocessing.Queue[PartitionTask | None] = context.Queue()
+        self.reports: multiprocessing.Queue[tuple[Any, ...]] = context.Queue()
+        self.processes = [
+            context.Process(
+                target=_replay_worker,
+                args=(client_config, topic, out_dir, only_path, self.tasks, self.reports, os.getpid()),
+                name=f"agentstream-replay-{number}",
+                daemon=True,
+            )
+            for number in range(size)
+        ]
+        for process in self.processes:
+            process.start()
+        self.finished = False
+
+    def run(self, tasks: list[PartitionTask], report: Callable[[int], None]) -> Iterator[tuple[int, list[str]]]:
+        for task in sorted(tasks, key=lambda task: task.high - task.low, reverse=True):
+            self.tasks.put(task)
+        for _ in self.processes:
+            self.tasks.put(None)
+        remaining = len(tasks)
+        while remaining:
+            try:
+                message = self.reports.get(timeout=0.5)
+            except queue.Empty:
+                for process in self.processes:
+                    if process.exitcode not in (None, 0):
+                        raise RuntimeError(
+                            f"replay worker {process.name} exited with code {process.exitcode}"
+                        ) from None
+                continue
+            kind = message[0]
+            if kind == "progress":
+                report(message[1])
+            elif kind == "done":
+                remaining -= 1
+                yield message[1], message[2]
+            else:
+                raise pickle.loads(message[1])
+        self.finished = True
+
+    def close(self) -> None:
+        if not self.finished:
+            # Interrupted or failed: stop the others now. Their half-written databases are rebuilt
+            # from scratch by the next replay into this directory.
+            for process in self.processes:
+                if process.is_alive():
+                    process.terminate()
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.tasks.close()
+        self.reports.close()
+
+
+def _replay_worker(
+    client_config: dict[str, Any],
+    topic: str,
+    out_dir: Path,
+    only_path: str | None,
+    tasks: multiprocessing.Queue[PartitionTask | None],
+    reports: multiprocessing.Queue[tuple[Any, ...]],
+    parent: int,
+) -> None:
+    """One replay process: partitions from `tasks` until a None, everything it learns to `reports`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
+
+    def report(consumed: int) -> None:
+        if os.getppid() != parent:
+            os._exit(1)  # orphaned (the parent was killed): stop writing into a directory nobody owns
+        reports.put(("progress", consumed))
+
+    consumer = None
+    try:
+        consumer = _consumer(client_config)
+        while (task := _next_task(tasks, parent)) is not None:
+            events, streams = replay_partition(consumer, topic, task, out_dir, only_path, report)
+            reports.put(("done", events, streams))
+    except BaseException as error:  # the parent re-raises it, so the CLI maps it to its exit code
+        reports.put(("failed", _portable(error)))
+    finally:
+        if consumer is not None:
+            consumer.close()
+
+
+def _next_task(tasks: multiprocessing.Queue[PartitionTask | None], parent: int) -> PartitionTask | None:
+    while True:
+        try:
+            return tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None  # orphaned before the parent handed out the work
+
+
+def _portable(error: BaseException) -> bytes:
+    """The pickled error, or a stand-in of the same kind for the CLI where it does not pickle."""
+    try:
+        pickled = pickle.dumps(error)
+        pickle.loads(pickled)
+        return pickled
+    except Exception:
+        if isinstance(error, KafkaException):
+            stand_in: BaseException = KafkaSetupError(f"Kafka error: {error.args[0].str() if error.args else error}")
+        else:
+            stand_in = RuntimeError(f"{type(error).__name__}: {error}")
+        return pickle.dumps(stand_in)
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +542,25 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--verify", action="store_true", help="compare every row with the live store; exit 1 if any differ"
     )
+    parser.add_argument(
+        "--jobs",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="replay partitions in N processes at once (default 1; more than the partition count is no faster)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(run=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, at least 1 (got {text!r})")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -345,7 +573,7 @@ def run(args: argparse.Namespace) -> int:
     require_topics(
         settings.bootstrap_servers, [names.journal], settings.partitions, client_config=settings.kafka_client_config()
     )
-    stats = replay(settings, out_dir, args.path, progress=not args.quiet)
+    stats = replay(settings, out_dir, args.path, progress=not args.quiet, jobs=args.jobs)
     if args.path is not None and args.path not in stats.streams:
         raise LookupError(
             f"no events of {args.path} in {names.journal}: check the path (agentstream agent create prints it)"

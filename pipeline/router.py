@@ -14,8 +14,12 @@ A Faust app (raw bytes keys and values, like the journal worker) with two agents
 
 The repartition topic, the table and the journal have the same partition count and key (a stream
 path), so source s's journal partition and table partition are the same number and land on the
-same worker. A subscription takes effect once it has passed through the repartition topic
-(normally milliseconds after it is journaled); source events journaled before that are not routed.
+same worker. A subscription reaches the table after its repartition hop, or much later when the
+router restarts over a backlog, so the fan-out may already have passed source events journaled
+after it: when a new subscriber enters the table, the router re-reads the source's journal
+partition from the subscription's createdAt up to where the fan-out has looked, and routes those
+events to that subscriber (idempotency keys make any overlap a no-op). Events journaled after an
+`unsubscribed` but passed before it reached the table may still be routed.
 """
 
 from __future__ import annotations
@@ -27,19 +31,25 @@ from typing import Any
 
 import faust
 import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
 from faust.exceptions import Skip
 from prometheus_client import Counter, Histogram, start_http_server
 
 from pipeline.journal_worker import RAW, _credentials
 from pipeline.partitioner import partition_for
 from pipeline.settings import Settings
+from processors.reducer import epoch_ms
 from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source
-from schemas.routing import SOURCE_ROUTES, SourceRoutes
+from schemas.routing import SOURCE_ROUTES, Route, SourceRoutes
 from topics.names import topic_names
 
 log = logging.getLogger("agentstream.router")
 
 TABLE = "subscriptions"
+# Journal records carry the producer's timestamp, a moment before their createdAt: seek a little
+# earlier and compare createdAt exactly.
+CATCH_UP_MARGIN_MS = 10_000
 _SUBSCRIPTION_MARK = b"events.iterate.com/agent/"  # cheap pre-filter before decoding a record
 
 ROUTED = Counter("agentstream_router_routed_total", "Summary items produced to subscribers.")
@@ -77,12 +87,14 @@ def subscription_record(value: bytes | None) -> dict[str, Any] | None:
 def build_app(settings: Settings) -> faust.App:
     names = topic_names(settings.topic_prefix)
     partitions = settings.partitions
+    datadir = settings.data_dir / "router"
+    datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     app = faust.App(
         settings.router_app_id,
         broker=f"kafka://{settings.bootstrap_servers}",
         broker_credentials=_credentials(settings),
         store="memory://",  # small state, restored from its changelog on start
-        datadir=str(settings.data_dir / "router"),
+        datadir=str(datadir),
         topic_partitions=partitions,
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,  # the repartition and changelog topics
@@ -98,7 +110,57 @@ def build_app(settings: Settings) -> faust.App:
         value_serializer="raw",
     )
     journal = app.topic(names.journal, partitions=partitions, **RAW)
+    # Named after the app (Faust's default name ignores the app id, so two routers would share it).
+    repartition = app.topic(
+        f"{settings.router_app_id}-{TABLE}-repartition", partitions=partitions, internal=True, **RAW
+    )
     table = app.Table(TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
+    # Journal partition -> the last offset the fan-out has looked up in the table (this worker).
+    looked_up: dict[int, int] = {}
+
+    async def send_all(commands: list[dict[str, Any]]) -> None:
+        deliveries = []
+        for command in commands:
+            path = command["streamPath"]
+            deliveries.append(
+                await app.producer.send(
+                    names.appends, path.encode(), orjson.dumps(command), partition_for(path, partitions), None, None
+                )
+            )
+        await asyncio.gather(*deliveries)  # acknowledged before the event that caused them is
+        ROUTED.inc(len(commands))
+
+    async def catch_up(source: str, agent: str, route: Route, subscribed_at: str) -> None:
+        """Route the source events journaled since the subscription that the fan-out passed before
+        the subscription reached the table (its repartition hop, or a restart over a backlog)."""
+        partition = partition_for(source, partitions)
+        last = looked_up.get(partition)
+        if last is None:
+            return  # the fan-out has not started this partition: it will consult the table itself
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition(names.journal, partition)
+            consumer.assign([tp])
+            since_ms = max(epoch_ms(subscribed_at) - CATCH_UP_MARGIN_MS, 0)
+            start = (await consumer.offsets_for_times({tp: since_ms}))[tp]
+            if start is None or start.offset > last:
+                return
+            consumer.seek(tp, start.offset)
+            key, routes, position = source.encode(), {agent: route}, start.offset
+            while position <= last:
+                batch = (await consumer.getmany(tp, timeout_ms=1000, max_records=1000)).get(tp, [])
+                for message in batch:
+                    position = message.offset + 1
+                    if message.offset > last or message.key != key:
+                        continue
+                    record = orjson.loads(message.value)
+                    if record.get("createdAt", "") >= subscribed_at:
+                        await send_all(routed_commands(record, len(message.value), routes))
+        finally:
+            await consumer.stop()
 
     def only_subscriptions(value: bytes) -> bytes:
         if subscription_record(value) is None:
@@ -112,7 +174,7 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.agent(journal, name="subscriptions")
     async def subscriptions(stream: Any) -> None:
-        grouped = stream.group_by(source_key, name=TABLE)
+        grouped = stream.group_by(source_key, name=TABLE, topic=repartition)
         # `stream.filter(...).group_by(...)` would filter after repartitioning: group_by moves the
         # stream's processors to the grouped stream (faust-streaming issue #553), so every journal
         # record would be copied to the repartition topic. Put the filter in front ourselves.
@@ -126,10 +188,15 @@ def build_app(settings: Settings) -> faust.App:
             SUBSCRIPTION_CHANGES.labels(record["type"].rsplit("/", 1)[-1]).inc()
             if updated != routes:
                 table[event.key] = encode_routes(updated)
+            agent = record["streamPath"]
+            if agent in updated and agent not in routes:
+                await catch_up(event.key.decode(), agent, updated[agent], record["createdAt"])
 
     @app.agent(journal, name="fanout")
     async def fanout(stream: Any) -> None:
         async for event in stream.events():
+            # Before the lookup: a subscription applied from now on catches up through this offset.
+            looked_up[event.message.partition] = event.message.offset
             raw_routes = table.get(event.key)  # the record key is the source's stream path
             if raw_routes is None:
                 continue
@@ -139,18 +206,14 @@ def build_app(settings: Settings) -> faust.App:
             except orjson.JSONDecodeError:
                 log.error("journal record at %s is not JSON; not routed", event.message.offset)
                 continue
-            commands = routed_commands(record, len(event.value), decode_routes(raw_routes))
-            deliveries = []
-            for command in commands:
-                path = command["streamPath"]
-                deliveries.append(
-                    await app.producer.send(
-                        names.appends, path.encode(), orjson.dumps(command), partition_for(path, partitions), None, None
-                    )
-                )
-            await asyncio.gather(*deliveries)  # acknowledged before the source event is
-            ROUTED.inc(len(commands))
+            await send_all(routed_commands(record, len(event.value), decode_routes(raw_routes)))
             FANOUT_SECONDS.observe(time.perf_counter() - started)
+
+    @app.on_partitions_revoked.connect
+    async def revoked(app: Any, revoked: set[Any], **_: Any) -> None:
+        for tp in revoked:
+            if tp.topic == names.journal:
+                looked_up.pop(tp.partition, None)
 
     return app
 

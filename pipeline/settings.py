@@ -157,6 +157,10 @@ class Settings(BaseModel):
         "127.0.0.1"
     )
     gateway_port: Annotated[int, Field(ge=0, le=65535, description="Port of the HTTP gateway.")] = 8080
+    gateway_metrics_port: Annotated[
+        int,
+        Field(ge=0, description="Extra Prometheus /metrics port of the gateway (0: none; its own port has /metrics)."),
+    ] = 0
     gateway_tokens_file: Annotated[
         Path | None,
         Field(

@@ -8,6 +8,7 @@ the same `apply_event`, so live and recovered rows are written by one code path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -48,7 +49,13 @@ Outcome = Journaled | Duplicate | Rejected
 
 def format_created_at(epoch_ms: int) -> str:
     seconds, millis = divmod(epoch_ms, 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    return _second(seconds) + f".{millis:03d}Z"
+
+
+@functools.lru_cache(maxsize=4)
+def _second(seconds: int) -> str:
+    # Events of one second share their prefix; strftime per event was a visible cost.
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
 
 
 def payload_hash(event_type: str, payload: Any) -> str:
@@ -70,7 +77,7 @@ def journal_command(
         if existing is not None:
             return Duplicate(int(existing), f"append id {command.appendId!r} was already journaled")
     key = command.idempotencyKey
-    digest = payload_hash(command.type, command.payload)
+    digest = None if key is None else payload_hash(command.type, command.payload)
     if key is not None:
         existing = read(rows.idempotency_key(path, key))
         if existing is not None:

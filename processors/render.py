@@ -14,6 +14,8 @@ budget), so a retry renders the same bytes; a request within budget renders exac
 
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -107,8 +109,7 @@ def render_header(offset: int, item: ContextItem, updates_offset: int | None) ->
 
 def agent_reply_line(path: str) -> str:
     return (
-        f"To reply to {path} (which cannot see this conversation), "
-        "send it a message with the agents.message capability."
+        f"To reply to {path} (which cannot see this conversation), send it a message with send_to_agent(path, content)."
     )
 
 
@@ -155,6 +156,7 @@ MIN_ITEM_BYTES = 512  # a cut item always has room for its notice
 _MAX_BYTES_PER_CHAR = 6
 _MESSAGE_BYTES = len(b'{"role":"assistant","content":""}')  # the longest role; `files` counted apart
 _FILES_KEY_BYTES = len(b',"files":')
+_CONTENT = operator.itemgetter("content")
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,17 +266,13 @@ def render_messages(
     """
     messages: list[dict[str, Any]] = [{"role": "system", "content": CONTEXT_PROTOCOL}]
     append = messages.append
-    # Upper bounds of the JSON size, so that a request surely within budget costs no encoding.
+    # For an upper bound of the JSON size, so that a request surely within budget costs no encoding.
     chars = 0
-    longest = 0
     files_bytes = 0
     for lane in (state.system, state.history):
         for cell in lane.cells:
             role, content = render_cell(cell)
-            length = len(content)
-            chars += length
-            if length > longest:
-                longest = length
+            chars += len(content)
             message = {"role": provider_role(role, transport), "content": content}
             files = cell.item.files
             if files:
@@ -286,10 +284,13 @@ def render_messages(
     if budget is None:
         return messages
     tail = messages[-1:] if request_created_at is not None else []
-    chars += len(CONTEXT_PROTOCOL) + sum(len(m["content"]) for m in tail)
-    bound = 1 + len(messages) * (_MESSAGE_BYTES + 1) + files_bytes + _MAX_BYTES_PER_CHAR * chars
-    if bound <= budget.request_bytes and _MAX_BYTES_PER_CHAR * longest + 2 <= budget.item_bytes:
-        return messages
+    bound = 1 + len(messages) * (_MESSAGE_BYTES + 1) + files_bytes
+    bound += _MAX_BYTES_PER_CHAR * (chars + len(CONTEXT_PROTOCOL) + sum(len(m["content"]) for m in tail))
+    if bound <= budget.request_bytes:
+        item_limit = (budget.item_bytes - 2) // _MAX_BYTES_PER_CHAR  # characters surely within the item cap
+        items = itertools.islice(messages, 1, len(messages) - len(tail))
+        if chars <= item_limit or max(map(len, map(_CONTENT, items)), default=0) <= item_limit:
+            return messages
     return _fit(state, transport, messages[0], tail, budget)
 
 

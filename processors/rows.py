@@ -16,6 +16,7 @@ projection. Pure: no store or Kafka here.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -127,7 +128,7 @@ def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
             "internalSourceOffset": sources.internal,
             "publishedThrough": state.published_through,
             "created": state.created,
-            "config": state.config.model_dump(exclude_defaults=True),
+            "config": _config_patch(state.config),
             "pending": None if state.pending is None else _slots(state.pending),
             "open": None if state.open is None else _slots(state.open),
             "paused": state.paused,
@@ -149,6 +150,12 @@ def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
             ],
         }
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _config_patch(config: AgentConfig) -> dict[str, Any]:
+    # Configurations are immutable and few (most agents keep the defaults): dump each once.
+    return config.model_dump(exclude_defaults=True)
 
 
 def _slots(value: Any) -> dict[str, Any]:

@@ -109,6 +109,16 @@ class UsageReport:
     threshold: int
 
 
+@dataclass(slots=True)
+class ScriptRun:
+    """An execution requested (and maybe started) but not yet settled."""
+
+    executionId: str
+    offset: int  # of its script-run-requested event
+    expiresAt: int
+    started: bool = False
+
+
 @dataclass(slots=True, frozen=True)
 class SourceOffsets:
     """How far a stream's commands have been journaled, per command topic (-1: none yet).
@@ -150,6 +160,8 @@ class AgentState:
     over_threshold: UsageReport | None = None  # newest over-threshold report not yet compacted
     last_request_created_at: str | None = None
     last_event_created_at: str | None = None
+    # Script executions requested or started and not yet settled, by execution id (request order).
+    scripts: dict[str, ScriptRun] = field(default_factory=dict)
     # Row changes since the last drain: (lane, seq) -> cell, or None for a deleted row.
     changes: dict[tuple[LaneName, int], Cell | None] | None = None
 
@@ -158,9 +170,11 @@ class AgentState:
         return "agent/system-prompt" in self.system.by_key
 
     @property
-    def status(self) -> Literal["idle", "queued", "busy", "paused"]:
+    def status(self) -> Literal["idle", "queued", "busy", "running-script", "paused"]:
         if self.open is not None:
             return "busy"
+        if self.scripts:
+            return "running-script"
         if self.paused:
             return "paused"
         if self.pending is not None:

@@ -32,6 +32,8 @@ class AgentConfig(Wire):
     maxAutonomousTurns: Annotated[int, Field(ge=0, strict=True)] = 100
     compactionTriggerFraction: Annotated[float, Field(gt=0, le=1)] = 0.5
     scriptResultHistoryLimit: Annotated[int, Field(ge=0, strict=True)] = 30_000
+    # Wall time of one script run (the request's expiry may cut it shorter).
+    scriptTimeoutMs: Annotated[int, Field(ge=1, strict=True)] = 30_000
 
 
 # The patch mirrors AgentConfig with every field optional; only the fields a producer sets are
@@ -67,6 +69,7 @@ class ConfigPatch(_Patch):
     maxAutonomousTurns: Annotated[int, Field(ge=0, strict=True)] | None = None
     compactionTriggerFraction: Annotated[float, Field(gt=0, le=1)] | None = None
     scriptResultHistoryLimit: Annotated[int, Field(ge=0, strict=True)] | None = None
+    scriptTimeoutMs: Annotated[int, Field(ge=1, strict=True)] | None = None
 
 
 def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

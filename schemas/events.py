@@ -11,6 +11,14 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, TypeAdapter, ValidationError, create_model
 
+from schemas.capabilities import (
+    SCRIPT_RUN_REQUESTED,
+    SCRIPT_RUN_SETTLED,
+    SCRIPT_RUN_STARTED,
+    ScriptRunRequestedPayload,
+    ScriptRunSettledPayload,
+    ScriptRunStartedPayload,
+)
 from schemas.config import ConfigPatch
 from schemas.context import ContextItem, NonEmpty, PositiveInt, Wire
 from schemas.limits import JsonObject, StreamPath
@@ -110,6 +118,9 @@ PAYLOAD_MODELS: dict[str, Any] = {
     STREAM_ERROR_OCCURRED: ErrorOccurredPayload,
     AGENT_SUBSCRIBED: SubscribedPayload,
     AGENT_UNSUBSCRIBED: UnsubscribedPayload,
+    SCRIPT_RUN_REQUESTED: ScriptRunRequestedPayload,
+    SCRIPT_RUN_STARTED: ScriptRunStartedPayload,
+    SCRIPT_RUN_SETTLED: ScriptRunSettledPayload,
 }
 CONSUMED_TYPES = frozenset(PAYLOAD_MODELS)
 

@@ -47,10 +47,18 @@ def path_problem(path: str) -> str | None:
     return None
 
 
+_VALID_PATHS: set[str] = set()  # paths seen valid: a stream's commands repeat its path
+
+
 def _check_path(path: str) -> str:
+    if path in _VALID_PATHS:
+        return path
     problem = path_problem(path)
     if problem is not None:
         raise ValueError(problem)
+    if len(_VALID_PATHS) >= 100_000:
+        _VALID_PATHS.clear()
+    _VALID_PATHS.add(path)
     return path
 
 

@@ -91,6 +91,26 @@ class Stack:
             [str(BIN / "agentstream"), "worker", "caller"], env=self.env(), stdout=log, stderr=subprocess.STDOUT
         )
 
+    def start_capabilities(self, **config: Any) -> subprocess.Popen[bytes]:
+        """The capability host (`agentstream worker capabilities`) with this stack's settings and its own
+        consumer group; `config`: HostConfig fields (AGENTSTREAM_CAPABILITIES_<NAME>)."""
+        host: subprocess.Popen[bytes] | None = getattr(self, "capabilities", None)
+        assert host is None or host.poll() is not None
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        env = self.env()
+        env["AGENTSTREAM_CAPABILITIES_GROUP"] = f"{self.settings.app_id}-capabilities"
+        env["AGENTSTREAM_CAPABILITIES_METRICS_PORT"] = "0"
+        for name, value in config.items():
+            env[f"AGENTSTREAM_CAPABILITIES_{name.upper()}"] = str(value)
+        log = (self.settings.data_dir / "capabilities.log").open("ab")
+        self.capabilities = subprocess.Popen(
+            [str(BIN / "agentstream"), "worker", "capabilities"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        return self.capabilities
+
+    def stop_capabilities(self, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
+        _stop(getattr(self, "capabilities", None), sig, timeout)
+
     def stop_worker(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         _stop(self.worker, sig, timeout)
 
@@ -157,6 +177,7 @@ class Stack:
             if client is not None:
                 client.close()
         self.stop_caller()
+        self.stop_capabilities()
         self.stop_worker()
         admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
         names = [spec.name for spec in self.specs]

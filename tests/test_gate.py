@@ -2,16 +2,24 @@
 
 The expected decision is written out below as the tier rules read in words; the gate must agree
 on every combination, stamp the actor the tier prescribes, and send worker-only commands (platform
-only) to the internal topic.
+only) to the internal topic. Then the credentials the gate's claims come from: the tokens file
+(hashes only) and the GitHub and Slack webhook signatures.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline.gateway.tokens import TokenBook, TokensFileError, hash_token, new_token, parse_tokens_file
+from pipeline.gateway.webhooks import github_signature_ok, slack_signature_ok
 from processors.gate import RULES, Admitted, Claims, Refused, admit, in_scope
 from schemas.events import (
     AGENT_CONFIGURED,
@@ -226,3 +234,53 @@ def test_a_stream_outside_the_token_scope_is_refused_for_every_tier(tier: str) -
 )
 def test_scope_globs_star_within_a_segment_double_star_across(glob: str, path: str, inside: bool) -> None:
     assert in_scope(path, [glob]) is inside
+
+
+# --- credentials: the tokens file and webhook signatures -------------------------------------------
+
+
+def test_a_token_is_found_by_its_sha256_and_the_file_is_reread_when_it_changes(tmp_path: Path) -> None:
+    token, other = new_token(), new_token()
+    path = tmp_path / "tokens.yaml"
+    path.write_text(f"tokens:\n  - {{sha256: {hash_token(token)}, tier: user, scope: ['/agents/**'], userId: u1}}\n")
+    book = TokenBook(path)
+    assert book.claims(token) == Claims("user", ("/agents/**",), user_id="u1")
+    assert book.claims(other) is None
+    assert token not in path.read_text()  # only the hash is stored
+    path.write_text(f'{{"tokens": [{{"sha256": "{hash_token(other)}", "tier": "platform", "scope": ["/**"]}}]}}')
+    os.utime(path, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    book._checked = 0.0  # skip the once-a-second throttle
+    assert book.claims(other) == Claims("platform", ("/**",))
+    assert book.claims(token) is None
+
+
+def test_a_bad_tokens_file_names_the_field_but_never_echoes_a_value() -> None:
+    leaked = "ast_this-is-a-real-token-pasted-by-mistake"
+    with pytest.raises(TokensFileError) as error:
+        parse_tokens_file(f"tokens:\n  - {{sha256: {leaked}, tier: boss, scope: ['/**']}}\n")
+    assert "tokens.0.sha256" in str(error.value) and "tokens.0.tier" in str(error.value)
+    assert leaked not in str(error.value)
+    with pytest.raises(TokensFileError, match="agentPath"):
+        parse_tokens_file(f"tokens:\n  - {{sha256: {'a' * 64}, tier: agent, scope: ['/**']}}\n")
+
+
+def test_github_signatures_are_hmac_sha256_of_the_raw_body() -> None:
+    body = b'{"zen": "Keep it logically awesome."}'
+    signature = "sha256=" + hmac.new(b"s3cret", body, hashlib.sha256).hexdigest()
+    assert github_signature_ok("s3cret", body, signature)
+    assert not github_signature_ok("s3cret", body + b" ", signature)
+    assert not github_signature_ok("other", body, signature)
+    assert not github_signature_ok("s3cret", body, None)
+    assert not github_signature_ok("s3cret", body, signature.replace("sha256=", "sha1="))
+
+
+def test_slack_signatures_cover_the_timestamp_and_expire_after_five_minutes() -> None:
+    body = b'{"type": "event_callback", "event_id": "Ev1"}'
+    now = 1_700_000_000.0
+    stamp = str(int(now))
+    signature = "v0=" + hmac.new(b"s", b"v0:" + stamp.encode() + b":" + body, hashlib.sha256).hexdigest()
+    assert slack_signature_ok("s", body, stamp, signature, now)
+    assert slack_signature_ok("s", body, stamp, signature, now + 299)
+    assert not slack_signature_ok("s", body, stamp, signature, now + 301)  # a replay
+    assert not slack_signature_ok("s", body, str(int(now) + 1), signature, now)  # another timestamp
+    assert not slack_signature_ok("s", body, "not-a-number", signature, now)

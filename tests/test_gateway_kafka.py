@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 
 from pipeline.journal_processor import H_APPEND_ID
 from pipeline.settings import Settings
@@ -440,3 +441,42 @@ def test_kafka_unreachable_answers_503_on_the_write_path_and_on_readyz(tmp_path:
             token=token,
         )
         assert refused.status == 403
+
+
+def test_a_token_from_token_create_works_once_its_printed_entry_is_in_the_tokens_file(env: Env) -> None:
+    """`agentstream token create` prints the token once and the entry; the gateway re-reads the file."""
+    import subprocess
+
+    from tests.kafka_stack import BIN
+
+    result = subprocess.run(
+        [
+            str(BIN / "agentstream"),
+            "token",
+            "create",
+            "--tier",
+            "agent",
+            "--scope",
+            "/agents/**",
+            "--agent-path",
+            "/agents/minted",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = result.stdout.splitlines()
+    token = lines[0].rsplit(" ", 1)[-1]
+    entry = yaml.safe_load("\n".join(line[2:] for line in lines[2:]))[0]
+    assert entry["sha256"] != token and token not in result.stdout.split("\n", 1)[1]
+    path = agent_path()
+    assert env.post(path, developer_item("before"), token).status == 401
+    env.tokens.entries.append(entry)
+    env.tokens.write()
+    reply = wait_until(
+        lambda: (r := env.post(path, developer_item("after"), token, wait=True)).status == 200 and r, 30, "the reload"
+    )
+    assert reply.json()["offset"] == 1
+    (event,) = env.events(path)
+    assert event.payload.actor.model_dump() == {"type": "agent", "path": "/agents/minted"}

@@ -8,18 +8,16 @@ them, which is exactly what a model would be sent.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from pipeline.client import AppendRejected, Client, Receipt
 from pipeline.journal_processor import H_REASON
+from processors import rows
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
 
@@ -164,28 +162,16 @@ def test_finding_8_an_actor_path_with_a_newline_cannot_forge_a_header_line(stack
 # --- 4. outcomes of journaled appends ----------------------------------------------------------------
 
 
-def rewind_group(stack: Stack, topic: str, partitions: int) -> None:
-    """Move the journal worker's committed offsets back to 0: every command is redelivered.
+def rewind_command_positions(stack: Stack) -> None:
+    """Make the stopped worker read every command again: its rows record where reading resumes."""
+    from pipeline.replay import live_store_paths, open_rows
 
-    Kafka refuses while the stopped worker's static membership lingers (until its session times
-    out), so this retries until the group is empty."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
-
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
-    offsets = [TopicPartition(topic, p, 0) for p in range(partitions)]
-    deadline = time.monotonic() + 60
-    while True:
-        request = ConsumerGroupTopicPartitions(stack.settings.app_id, offsets)
+    for partition, path in live_store_paths(stack.settings).items():
+        db = open_rows(path)
         try:
-            (future,) = admin.alter_consumer_group_offsets([request]).values()
-            result = future.result(timeout=30)
-            if all(tp.error is None for tp in result.topic_partitions):
-                return
-        except KafkaException:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("could not rewind the journal worker's consumer group")
-        time.sleep(1)
+            db[rows.command_positions_key(partition)] = orjson.dumps({"appends": -1, "internal": -1})
+        finally:
+            db.close()
 
 
 def test_finding_4_a_redelivered_journaled_command_publishes_its_outcome_again(stack: Stack) -> None:
@@ -197,7 +183,7 @@ def test_finding_4_a_redelivered_journaled_command_publishes_its_outcome_again(s
     receipts = [stream.append(user(f"m{i}")) for i in range(5)]
     assert [r.wait(timeout=120) for r in receipts] == [1, 2, 3, 4, 5]
     stack.stop_worker(signal.SIGTERM)
-    rewind_group(stack, stack.client.topics.appends, 2)
+    rewind_command_positions(stack)
     with Client(stack.settings) as waiting:  # a client whose first results were lost
         again = []
         for receipt in receipts:

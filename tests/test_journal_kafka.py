@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pipeline import base_policy
 from pipeline.client import AppendRejected
 from pipeline.journal_processor import H_REASON
 from pipeline.replay import live_store_paths, replay, verify
@@ -52,7 +53,7 @@ def test_1_append_round_trip_assigns_gapless_offsets_and_created_at(stack: Stack
     assert {e.type for e in events[22:]} <= {LLM_REQUEST_REQUESTED}
     events = events[:22]
     assert events[0].type == AGENT_CREATED
-    assert events[1].payload.key == "agent/system-prompt" and events[1].idempotencyKey == "agent/system-prompt@1"
+    assert events[1].payload.key == "agent/system-prompt" and events[1].idempotencyKey == base_policy.IDEMPOTENCY_KEY
     assert all(e.createdAt.endswith("Z") and len(e.createdAt) == 24 for e in events)
     assert [e.createdAt for e in events] == sorted(e.createdAt for e in events)
     assert [e.payload.content for e in events[2:]] == [f"message {i}" for i in range(20)]

@@ -67,34 +67,48 @@ class FakeMessage:
         return self._offset
 
 
+class FakeError:
+    def str(self) -> str:
+        return "broker unreachable"
+
+
+class Record:
+    def __init__(self, topic: str, value: bytes, headers: dict[str, bytes], on_delivery: Any) -> None:
+        self.topic, self.value, self.headers, self.on_delivery = topic, value, headers, on_delivery
+        self.settled = False
+
+
 class FakeKafka:
     """Records every produced record; deliveries stay pending until the test settles them."""
 
     def __init__(self) -> None:
-        self.records: list[tuple[str, bytes | None, bytes, dict[str, bytes], asyncio.Future[Any]]] = []
+        self.records: list[Record] = []
         self.offsets: dict[str, int] = {}
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.records.append((topic, key, value, dict(headers), future))
-        return future
+    def send(
+        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], on_delivery: Any
+    ) -> None:
+        self.records.append(Record(topic, value, dict(headers), on_delivery))
 
-    def on(self, topic: str) -> list[tuple[bytes, dict[str, bytes], asyncio.Future[Any]]]:
-        return [(value, headers, future) for t, _, value, headers, future in self.records if t == topic]
+    def on(self, topic: str) -> list[Record]:
+        return [record for record in self.records if record.topic == topic]
+
+    def settle(self, record: Record, error: Any = None) -> None:
+        assert not record.settled
+        record.settled = True
+        offset = self.offsets.get(record.topic, 0)
+        self.offsets[record.topic] = offset + 1
+        if record.on_delivery is not None:
+            record.on_delivery(error, None if error is not None else FakeMessage(offset))
 
     def deliver(self, topic: str | None = None) -> int:
-        delivered = 0
-        for t, _, _, _, future in self.records:
-            if not future.done() and (topic is None or t == topic):
-                offset = self.offsets.get(t, 0)
-                self.offsets[t] = offset + 1
-                future.set_result(FakeMessage(offset))
-                delivered += 1
-        return delivered
+        pending = [r for r in self.records if not r.settled and (topic is None or r.topic == topic)]
+        for record in pending:
+            self.settle(record)
+        return len(pending)
 
     def fail(self, topic: str, index: int) -> None:
-        _, _, future = self.on(topic)[index]
-        future.set_exception(RuntimeError(f"delivery to {topic} failed"))
+        self.settle(self.on(topic)[index], FakeError())
 
 
 class Harness:
@@ -103,7 +117,7 @@ class Harness:
         self.table = DictRows()
         self.fatal: list[BaseException] = []
         self.engine = engine_class(
-            0, self.table, NAMES, self.kafka.produce, max_cached_streams=100, fatal=self.fatal.append
+            0, self.table, NAMES, self.kafka.send, max_cached_streams=100, fatal=self.fatal.append
         )
         self.offsets = {False: 0, True: 0}
 
@@ -147,7 +161,7 @@ def test_rows_are_stored_only_after_the_journal_record_is_acknowledged() -> None
         await h.engine.drain(wait=False)
         assert rows.meta_key(PATH) in h.table.stored
         assert rows.position_key(0) in h.table.stored  # the journal position, in the same commit
-        (result, _, _) = h.kafka.on(NAMES.results)[0]
+        result = h.kafka.on(NAMES.results)[0].value
         assert orjson.loads(result) == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
 
     run(scenario())
@@ -177,12 +191,12 @@ def test_a_failed_journal_delivery_in_the_middle_is_fatal_and_stores_nothing_aft
         h = Harness()
         await h.handle(h.command(user("one")), h.command(user("two")), h.command(user("three")))
         journal = h.kafka.on(NAMES.journal)
-        journal[0][2].set_result(FakeMessage(0))
+        h.kafka.settle(journal[0])
         h.kafka.fail(NAMES.journal, 1)
-        journal[2][2].set_result(FakeMessage(2))
+        h.kafka.settle(journal[2])
         await asyncio.sleep(0)
         await asyncio.sleep(0)
-        assert h.fatal and "delivery to t-agent-journal failed" in str(h.fatal[0])
+        assert h.fatal and "journal record not delivered: broker unreachable" in str(h.fatal[0])
         stored = h.table.stored.get(rows.meta_key(PATH))
         cursor = 0 if stored is None else orjson.loads(stored)["cursor"]
         assert cursor <= 1  # nothing past the failed record reached the store
@@ -225,7 +239,7 @@ def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_
         await h.handle(first)  # the same record again (a restart before it was done)
         await h.settle()
         assert len(h.kafka.on(NAMES.journal)) == 1
-        results = [orjson.loads(value) for value, _, _ in h.kafka.on(NAMES.results)]
+        results = [orjson.loads(r.value) for r in h.kafka.on(NAMES.results)]
         assert [r["offset"] for r in results] == [1, 1] and {r["status"] for r in results} == {"journaled"}
 
     run(scenario())
@@ -247,12 +261,12 @@ def test_nothing_a_command_holds_stops_the_partition() -> None:
         h = Harness(Exploding)
         await h.handle(h.command(user("ok1")), h.command(user("boom", appendId="x2")), h.command(user("ok2")))
         await h.settle()
-        journal = [orjson.loads(value) for value, _, _ in h.kafka.on(NAMES.journal)]
+        journal = [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal)]
         assert [(e["offset"], e["payload"]["content"]) for e in journal] == [(1, "ok1"), (2, "ok2")]
-        ((value, headers, _),) = h.kafka.on(NAMES.dlq)
-        assert headers[H_REASON] == b"internal_error: RuntimeError: boom" and headers[H_SOURCE_OFFSET] == b"1"
-        assert orjson.loads(value)["payload"]["content"] == "boom"
-        (result,) = [orjson.loads(v) for v, _, _ in h.kafka.on(NAMES.results)]
+        (dead,) = h.kafka.on(NAMES.dlq)
+        assert dead.headers[H_REASON] == b"internal_error: RuntimeError: boom" and dead.headers[H_SOURCE_OFFSET] == b"1"
+        assert orjson.loads(dead.value)["payload"]["content"] == "boom"
+        (result,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.results)]
         assert result["status"] == "rejected" and result["reason"].startswith("internal_error")
         assert not h.fatal
         assert h.engine.positions.done[False] == 2
@@ -269,9 +283,9 @@ def test_worker_only_events_are_refused_on_the_public_topic_and_taken_from_the_i
         }
         await h.handle(h.command(settled), h.command(settled, internal=True))
         await h.settle()
-        ((_, headers, _),) = h.kafka.on(NAMES.dlq)
-        assert headers[H_REASON].startswith(b"forbidden: ")
-        (journaled,) = [orjson.loads(v) for v, _, _ in h.kafka.on(NAMES.journal)]
+        (dead,) = h.kafka.on(NAMES.dlq)
+        assert dead.headers[H_REASON].startswith(b"forbidden: ")
+        (journaled,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal)]
         assert journaled["type"] == LLM_REQUEST_SETTLED
         assert h.engine.positions.done == {False: 0, True: 0}
 
@@ -285,7 +299,7 @@ def test_source_offsets_are_per_command_topic() -> None:
         h = Harness()
         await h.handle(h.command(user("public"), offset=0), h.command(user("internal"), internal=True, offset=0))
         await h.settle()
-        assert [orjson.loads(v)["offset"] for v, _, _ in h.kafka.on(NAMES.journal)] == [1, 2]
+        assert [orjson.loads(r.value)["offset"] for r in h.kafka.on(NAMES.journal)] == [1, 2]
 
     run(scenario())
 

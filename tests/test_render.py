@@ -35,7 +35,7 @@ from tests.journal import DONT_TRIGGER, Journal
 HEADER_EXAMPLE = (
     '@81 key="github/review-task" updates=@17 actor=github:"octocat" refs=["/integrations/github/install-789@240"]'
 )
-REPLY = "To reply to {} (which cannot see this conversation), send it a message with the agents.message capability."
+REPLY = "To reply to {} (which cannot see this conversation), send it a message with send_to_agent(path, content)."
 
 
 def ci(**fields: Any) -> ContextItem:

@@ -10,7 +10,7 @@ import contextlib
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,10 @@ SOURCE = "/integrations/github/7"
 
 
 class RouterEnv:
-    def __init__(self, stack: Stack, gateway: GatewayServer, platform: str, app_id: str) -> None:
+    def __init__(
+        self, stack: Stack, gateway: GatewayServer, platform: str, app_id: str, start_router: Callable[[], None]
+    ) -> None:
+        self.start_router = start_router
         self.stack = stack
         self.gateway = gateway
         self.platform = platform
@@ -82,25 +85,29 @@ def env(tmp_path: Path) -> Iterator[RouterEnv]:
     stack = Stack(tmp_path / "data")
     stack.start_worker()
     app_id = f"agentstream-router-test-{uuid.uuid4().hex[:8]}"
-    router_env = {**stack.env(), "AGENTSTREAM_ROUTER_APP_ID": app_id, "AGENTSTREAM_ROUTER_METRICS_PORT": "0"}
-    log = (tmp_path / "router.log").open("ab")
-    router = subprocess.Popen(
-        [str(BIN / "agentstream"), "worker", "router"], env=router_env, stdout=log, stderr=subprocess.STDOUT
-    )
     tokens = Tokens(tmp_path / "tokens.yaml")
     platform = tokens.add("platform", "/**")
     tokens.secret("github", "7", GITHUB_SECRET)
+    routers: list[subprocess.Popen[bytes]] = []
+    log = (tmp_path / "router.log").open("ab")
+
+    def start_router() -> None:
+        router_env = {**stack.env(), "AGENTSTREAM_ROUTER_APP_ID": app_id, "AGENTSTREAM_ROUTER_METRICS_PORT": "0"}
+        command = [str(BIN / "agentstream"), "worker", "router"]
+        routers.append(subprocess.Popen(command, env=router_env, stdout=log, stderr=subprocess.STDOUT))
+
     try:
         with GatewayServer(stack.settings, tokens.path) as gateway:
             gateway.wait_ready()
-            yield RouterEnv(stack, gateway, platform, app_id)
+            yield RouterEnv(stack, gateway, platform, app_id, start_router)
     finally:
-        router.terminate()
-        try:
-            router.wait(30)
-        except subprocess.TimeoutExpired:
-            router.kill()
-            router.wait(10)
+        for router in routers:
+            router.terminate()
+            try:
+                router.wait(30)
+            except subprocess.TimeoutExpired:
+                router.kill()
+                router.wait(10)
         log.close()
         stack.close()
         _delete_router_topics(app_id, stack.settings.topic_prefix)
@@ -108,7 +115,7 @@ def env(tmp_path: Path) -> Iterator[RouterEnv]:
 
 def _delete_router_topics(app_id: str, prefix: str) -> None:
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
-    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(app_id) or t.startswith(prefix)]
+    names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(app_id) or prefix in t]
     if names:
         for future in admin.delete_topics(names, operation_timeout=10).values():
             with contextlib.suppress(Exception):
@@ -120,6 +127,7 @@ def test_every_subscribed_agent_gets_one_summary_with_the_ref_and_an_unsubscribe
 ) -> None:
     agents = [f"/agents/sub-{uuid.uuid4().hex[:8]}-{n}" for n in range(3)]
     first, second, bystander = agents
+    env.start_router()
     policy = {"behaviour": "dont-trigger-request"}
     for agent in (first, second):
         env.append(
@@ -172,11 +180,20 @@ def test_every_subscribed_agent_gets_one_summary_with_the_ref_and_an_unsubscribe
     assert env.routed(bystander) == []
 
     # Only subscription events were repartitioned by source (not every journal record).
-    admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
-    (repartition,) = [
-        t
-        for t in admin.list_topics(timeout=10).topics
-        if t.endswith("subscriptions-repartition") and env.stack.settings.topic_prefix in t
+    repartitioned = [
+        orjson.loads(r.value())["type"] for r in env.stack.read_topic(f"{env.app_id}-subscriptions-repartition")
     ]
-    repartitioned = [orjson.loads(r.value())["type"] for r in env.stack.read_topic(repartition)]
     assert sorted(repartitioned) == sorted([AGENT_SUBSCRIBED, AGENT_SUBSCRIBED, AGENT_UNSUBSCRIBED])
+
+
+def test_a_router_started_after_the_subscription_and_the_event_still_routes_the_event_once(env: RouterEnv) -> None:
+    """Whichever the router meets first on restart over a backlog, the subscription or the source
+    event journaled after it, the subscriber gets the event once."""
+    agent = f"/agents/late-{uuid.uuid4().hex[:8]}"
+    env.append(agent, AGENT_SUBSCRIBED, {"source": SOURCE})
+    delivery = str(uuid.uuid4())
+    env.webhook(delivery, PULL_REQUEST_OPENED)
+    offset = env.source_offset(delivery)
+    env.start_router()
+    (item,) = wait_until(lambda: env.routed(agent), 120, "the summary routed after the router started")
+    assert item.idempotencyKey == f"route/{SOURCE}@{offset}"

@@ -338,6 +338,18 @@ VALID_PAYLOADS: dict[str, dict[str, Any]] = {
     ev.AGENT_PAUSED: {"reason": "limit", "triggerOffset": 4},
     ev.AGENT_RESUMED: {"reason": "user"},
     ev.STREAM_ERROR_OCCURRED: {"message": "boom"},
+    ev.AGENT_SUBSCRIBED: {
+        "source": "/integrations/github/1",
+        "eventTypes": ["events.iterate.com/github/webhook-received"],
+    },
+    ev.AGENT_UNSUBSCRIBED: {"source": "/integrations/github/1"},
+    ev.SCRIPT_RUN_REQUESTED: {"code": "1 + 1", "executionId": "agent-output:5", "expiresAt": 1_700_000_000_000},
+    ev.SCRIPT_RUN_STARTED: {"executionId": "agent-output:5"},
+    ev.SCRIPT_RUN_SETTLED: {
+        "executionId": "agent-output:5",
+        "durationMs": 3,
+        "settlement": {"status": "succeeded", "result": {"a": [1, 2]}, "stdout": "hi"},
+    },
 }
 
 

@@ -33,7 +33,7 @@ import pytest
 from pipeline.client import Agent, Stream
 from processors.llm_outcomes import INTERRUPTED_PREFIX
 from processors.reducer import epoch_ms, fold_all
-from processors.render import TIMESTAMP_PREFIX, render_messages, turn_json
+from processors.render import DEFAULT_BUDGET, TIMESTAMP_PREFIX, render_messages, turn_json
 from processors.scheduler import breaker_reason
 from processors.state import AgentState
 from schemas.events import (
@@ -47,7 +47,7 @@ from schemas.events import (
     STREAM_ERROR_OCCURRED,
     TOKEN_USAGE_REPORTED,
 )
-from schemas.requests import COMPACTION_INSTRUCTION
+from schemas.requests import COMPACTION_INSTRUCTION, MAX_RECORD_BYTES
 from tests.kafka_stack import REPO, Stack, ensure_broker, wait_until
 from tests.support.scripted_llm import (
     Fail,
@@ -58,6 +58,7 @@ from tests.support.scripted_llm import (
     ScriptedLLM,
     SlowStream,
     last_user_text,
+    prompt_tokens,
 )
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -67,6 +68,7 @@ CONTEXT_TOKENS = 200  # the scripted model's window: the compaction threshold is
 SMALL_USAGE = (20, 5)  # 25 tokens: below the threshold
 TRANSPORT = "openai-compatible"
 WAIT = 30.0  # seconds to wait for something the system does at once
+API_KEY = "sk-proj-Turns0123456789abcdefXYZ"  # shaped like a real key: it must never be journaled
 
 
 # --- the scripted provider, routed by tag ------------------------------------------------------------
@@ -219,7 +221,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> Iterato
     stack = Stack(
         tmp_path_factory.mktemp("turns"),
         openai_base_url=llm.base_url,
-        openai_api_key="test",
+        openai_api_key=API_KEY,
         llm_transport=TRANSPORT,
         llm_model=MODEL,
         llm_context_tokens={MODEL: CONTEXT_TOKENS},
@@ -730,7 +732,146 @@ def test_4_3_caller_killed_mid_call_ends_with_exactly_one_settlement(kit: tuple[
     assert turn_json(fold_all(AgentState(), events))["status"] == "idle"
 
 
-# --- 11. the embedded model --------------------------------------------------------------------------
+# --- 11. secrets, context overflow, oversized items ------------------------------------------------
+
+
+def test_secrets_never_reach_the_journal_nor_the_next_request(kit: tuple[Stack, ScriptedLLM]) -> None:
+    """Secrets never reach the journal: a provider that answers 401 quoting the request's
+    Authorization header gets a failed settlement and an error event without the key, and the
+    retry, which renders that error, does not carry it to the provider either."""
+    stack, llm = kit
+    tag = new_tag()
+    ROUTER.on(tag, Fail(401, echo_headers=("authorization",)), Reply("fine now", usage=SMALL_USAGE))
+    agent = stack.client.agents.create()
+    append_all(
+        agent,
+        configured(
+            llmRequestDebounceMs=50, llmRequestRetryPolicy={"maxAttempts": 3, "backoffBaseMs": 100, "backoffMaxMs": 200}
+        ),
+    )
+    append_all(agent, user(f"{tag} hello"))
+    events = journal_until(agent, settled_count(2), "the failure and the retry")
+    first, retry = received(llm, tag)
+    assert first.headers["Authorization"] == f"Bearer {API_KEY}" and first.status == 401
+    failed, succeeded = settlements(events)
+    error = "HTTP 401 from the provider: scripted failure (401) (authorization: Bearer [redacted])"
+    assert failed.payload.result.errorMessage == error
+    assert succeeded.payload.result.status == "succeeded"
+    (stream_error,) = of(events, STREAM_ERROR_OCCURRED)
+    assert error in stream_error.payload.message
+    journal = orjson.dumps([e.model_dump(mode="json") for e in events]).decode()
+    assert API_KEY not in journal and "Bearer sk-" not in journal
+    assert retry.body["messages"] == rendered(events, of(events, LLM_REQUEST_REQUESTED)[1].offset)
+    assert f"Error on stream: {stream_error.payload.message}" in request_text(retry.body)
+    assert API_KEY not in request_text(retry.body)
+
+
+def test_context_that_outgrows_the_model_recovers_by_itself(kit: tuple[Stack, ScriptedLLM]) -> None:
+    """Context that outgrows the model recovers by itself: the request R that no longer fits the
+    model's window (HTTP 400, llama-cpp-python's words) is summarized with the oldest history left
+    out until the summary call fits; the summary replaces history through R, R settles failed
+    ("compacted ... will be retried"), and the retry answers from the compacted context."""
+    stack, llm = kit
+    tag = new_tag()
+    summary = f"{tag}: four long turns, then a final question about z."
+
+    def respond(body: dict[str, Any]) -> Response:
+        if body["messages"][-1]["content"] == COMPACTION_INSTRUCTION:
+            return Reply(summary, usage=(30, 8))
+        return Reply(f"ok: {last_user_text(body)[:40]}", usage=SMALL_USAGE)
+
+    ROUTER.on(tag, *[respond] * 20)
+    agent = stack.client.agents.create()
+    append_all(
+        agent,
+        configured(
+            llmRequestDebounceMs=50, llmRequestRetryPolicy={"maxAttempts": 3, "backoffBaseMs": 100, "backoffMaxMs": 200}
+        ),
+    )
+    for i in range(4):
+        append_all(agent, user(f"{tag} turn {i} " + "y" * 1200))
+        journal_until(agent, settled_count(i + 1), f"turn {i}")
+    window = prompt_tokens(received(llm, tag)[-1].body) + 200  # the next message (~310 tokens) will not fit
+    llm.context_tokens, llm.overflow = window, "llama-cpp-python"
+    try:
+        (question,) = append_all(agent, user(f"{tag} final question " + "z" * 1200))
+        events = journal_until(agent, settled_count(6), "the overflow and its retry")
+        time.sleep(0.5)  # nothing more is scheduled
+        events = agent.stream.events()
+    finally:
+        llm.context_tokens = None
+
+    requests = of(events, LLM_REQUEST_REQUESTED)
+    assert len(requests) == 6
+    r, retry = requests[4], requests[5]
+    (compaction,) = [e for e in items(events) if e.payload.compaction is not None]
+    failed, answered = settlements(events)[4:]
+    (stream_error,) = of(events, STREAM_ERROR_OCCURRED)
+    assert question < r.offset < compaction.offset < failed.offset < stream_error.offset < retry.offset
+    assert compaction.idempotencyKey == f"agent/compact-context@overflow-{r.offset}"
+    assert compaction.payload.compaction.replacesHistoryThrough == r.offset
+    assert compaction.payload.llmRequestPolicy.behaviour == "dont-trigger-request"
+    assert compaction.payload.content.startswith(
+        f"[Earlier conversation history was compacted through @{r.offset} because request @{r.offset} exceeded "
+        "the model's context window; the "
+    )
+    assert compaction.payload.content.endswith(f"Summary:]\n\n{summary}")
+    assert failed.payload.requestOffset == r.offset and failed.payload.result.status == "failed"
+    assert failed.payload.result.errorMessage.startswith(
+        f"the request exceeded the model's context window, so the context was compacted through @{r.offset} and "
+        "the request will be retried (HTTP 400 from the provider: This model's maximum context length is "
+    )
+    assert retry.idempotencyKey == f"agent/request/{failed.offset}"  # the failed settlement's trigger
+    assert answered.payload.requestOffset == retry.offset and answered.payload.result.status == "succeeded"
+
+    overflowed, *summaries, answer = received(llm, tag)[4:]
+    assert overflowed.response == "context-overflow" and overflowed.body["messages"] == rendered(events, r.offset)
+    assert summaries and all(is_compaction(s) for s in summaries)
+    assert [s.response for s in summaries] == ["context-overflow"] * (len(summaries) - 1) + ["reply"]
+    assert f"{tag} final question" in summaries[-1].body["messages"][-3]["content"]  # the newest item is kept
+    assert prompt_tokens(summaries[-1].body) < window
+    assert answer.body["messages"] == rendered(events, retry.offset)
+    assert prompt_tokens(answer.body) < window
+    assert answer.body["messages"][2] == {
+        "role": "user",
+        "content": f"@{compaction.offset}\n{compaction.payload.content}",
+    }
+    assert "y" * 100 not in request_text(answer.body)  # history through R is gone
+    state = fold_all(AgentState(), events)
+    assert turn_json(state)["status"] == "idle" and state.consecutive_llm_failures == 0
+
+
+def test_items_larger_than_the_window_are_cut_and_the_request_still_publishes(kit: tuple[Stack, ScriptedLLM]) -> None:
+    """An item larger than the window renders cut with a notice naming its offset, and no record
+    the journal worker publishes may fail on size: two 600 KB items then a normal one make one
+    request record of over 1 MB (Kafka's default limit) that is published, and the model answers.
+    (The kit checks the worker is still up.)"""
+    stack, llm = kit
+    tag = new_tag()
+    quiet = {"llmRequestPolicy": {"behaviour": "dont-trigger-request"}}
+    agent = stack.client.agents.create()
+    first, second = append_all(agent, user("a" * 600_000, **quiet), user("b" * 600_000, **quiet))
+    (question,) = append_all(agent, user(f"{tag} and now a normal question"))
+    events = journal_until(agent, settled_count(1), "the turn", timeout=60)
+    (requested,) = of(events, LLM_REQUEST_REQUESTED)
+    (settled,) = settlements(events)
+    assert settled.payload.result.status == "succeeded"
+    assert settled.payload.result.text == f"ok: @{question} actor=user:cli\n{tag} and now a normal question"
+
+    records = [m.value() for m in stack.read_topic(stack.client.topics.llm_requests) if m.key() == agent.path.encode()]
+    (raw,) = [v for v in records if orjson.loads(v)["kind"] == "call"]
+    assert 1_048_576 < len(raw) <= MAX_RECORD_BYTES  # over the old producer limit, within the topic's
+    messages = orjson.loads(raw)["messages"]
+    assert messages == rendered(events, requested.offset)
+    for offset, message in ((first, messages[2]), (second, messages[3])):
+        assert message["content"].startswith(f"@{offset} actor=user:cli\n")
+        assert message["content"].endswith(f"The journal keeps it whole at @{offset}.]")
+        assert len(message["content"].encode()) <= DEFAULT_BUDGET.item_bytes
+    (request,) = received(llm, tag)
+    assert request.body["messages"] == messages
+
+
+# --- 12. the embedded model --------------------------------------------------------------------------
 
 MODEL_URL = f"http://127.0.0.1:{os.environ.get('AGENTSTREAM_MODEL_PORT', '18080')}/v1"  # scripts/model/start.sh
 SMOLLM2 = "smollm2"

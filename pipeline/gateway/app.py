@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pipeline.gateway.commands import (
     Limits,
     Problem,
     Ready,
+    new_append_id,
     parse_json,
     prepare_command,
     prepare_line,
@@ -157,7 +157,8 @@ class Gateway:
         except KafkaUnavailable as error:
             metrics.REFUSALS.labels("unavailable").inc()
             raise ApiError(Problem(503, "kafka_unavailable", str(error)), {"Retry-After": "5"}) from None
-        metrics.COMMANDS.labels("internal" if ready.topic == self.topics.internal_appends else "appends").inc()
+        internal = ready.topic == self.topics.internal_appends
+        (metrics.COMMANDS_TO_INTERNAL if internal else metrics.COMMANDS_TO_APPENDS).inc()
         return future
 
     async def deliver(self, ready: Ready) -> None:
@@ -314,7 +315,7 @@ def build_app(
         decoded = parse_json(body)
         if isinstance(decoded, Problem):
             raise ApiError(decoded)
-        ready = prepare_submission(claims, "/" + path, decoded, uuid.uuid4().hex, topics, gateway.limits)
+        ready = prepare_submission(claims, "/" + path, decoded, new_append_id(), topics, gateway.limits)
         if isinstance(ready, Problem):
             raise _refusal(ready)
         gateway.require_kafka(wait)
@@ -396,7 +397,7 @@ def _bad_signature(detail: str) -> ApiError:
 
 async def _webhook_append(gateway: Gateway, raw: dict[str, Any], status: int) -> Response:
     claims = Claims(tier="integration", scope=(raw["streamPath"],))
-    ready = prepare_command(claims, raw, uuid.uuid4().hex, gateway.topics, gateway.limits)
+    ready = prepare_command(claims, raw, new_append_id(), gateway.topics, gateway.limits)
     if isinstance(ready, Problem):
         raise _refusal(ready)
     gateway.require_kafka(waiting=False)
@@ -412,7 +413,7 @@ async def _batch(gateway: Gateway, claims: Claims, lines: list[tuple[int, bytes]
         ready = (
             decoded
             if isinstance(decoded, Problem)
-            else prepare_line(claims, decoded, uuid.uuid4().hex, gateway.topics, gateway.limits)
+            else prepare_line(claims, decoded, new_append_id(), gateway.topics, gateway.limits)
         )
         if isinstance(ready, Problem):
             if ready.rule is not None:

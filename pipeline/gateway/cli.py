@@ -28,6 +28,10 @@ def serve(settings: Settings) -> None:
         logging.getLogger("agentstream.gateway").warning(
             "AGENTSTREAM_GATEWAY_TOKENS_FILE is unset: every request will be refused (401)"
         )
+    if settings.gateway_metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.gateway_metrics_port)  # where the other workers serve theirs
     config = uvicorn.Config(
         build_app(settings, tokens),
         host=settings.gateway_host,

@@ -6,6 +6,8 @@ then the payload of a consumed type as the gate stamped it (400), then the size 
 
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,15 @@ from processors.gate import Claims, Refused, admit
 from schemas.events import CONSUMED_TYPES, AppendCommand, describe_validation_error, parse_consumed_input
 from schemas.gateway import BatchLine, EventSubmission
 from topics.names import TopicNames
+
+# Append ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per
+# command: os.urandom is a system call).
+_ID_PREFIX = os.urandom(10).hex()
+_ids = itertools.count()
+
+
+def new_append_id() -> str:
+    return f"{_ID_PREFIX}{next(_ids):012x}"
 
 
 @dataclass(frozen=True, slots=True)

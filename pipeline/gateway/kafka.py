@@ -64,6 +64,7 @@ class CommandProducer:
         self._producer = Producer({**producer_config(settings), "error_cb": self._on_error})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
+        self._delivered: list[tuple[asyncio.Future[None], KafkaError | None]] = []
         self._reachable = False
         self.problem = "not connected to Kafka yet"
         self._threads = [
@@ -98,7 +99,7 @@ class CommandProducer:
         future: asyncio.Future[None] = loop.create_future()
 
         def delivered(error: KafkaError | None, _message: Any) -> None:
-            loop.call_soon_threadsafe(_settle, future, error)
+            self._delivered.append((future, error))  # on the poll thread; handed over after poll()
 
         try:
             self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
@@ -118,7 +119,9 @@ class CommandProducer:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=5)
-        if self._producer.flush(timeout) > 0:
+        remaining = self._producer.flush(timeout)
+        self._hand_over()
+        if remaining > 0:
             log.error("%d commands were not acknowledged by Kafka before shutdown", len(self._producer))
             self._producer.purge()
         self._producer.close()
@@ -128,6 +131,13 @@ class CommandProducer:
     def _poll(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Settle every acknowledgement of one poll() with a single wake-up of the event loop."""
+        if self._delivered and self._loop is not None:
+            batch, self._delivered = self._delivered, []
+            self._loop.call_soon_threadsafe(_settle_all, batch)
 
     def _probe_forever(self) -> None:
         while not self._stop.is_set():
@@ -159,13 +169,14 @@ class CommandProducer:
             self._set_health(f"every broker is down ({error.str()})")
 
 
-def _settle(future: asyncio.Future[None], error: KafkaError | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(KafkaUnavailable(f"Kafka did not acknowledge the command: {error.str()}"))
+def _settle_all(batch: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
+    for future, error in batch:
+        if future.done():
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(KafkaUnavailable(f"Kafka did not acknowledge the command: {error.str()}"))
 
 
 class ResultsFollower:
@@ -217,6 +228,7 @@ class ResultsFollower:
             while not self._stop.is_set() and not self._assign(consumer):
                 self._stop.wait(PROBE_INTERVAL_S)
             while not self._stop.is_set():
+                found: list[tuple[asyncio.Future[AppendOutcome], AppendOutcome]] = []
                 for message in consume_ready(consumer, 500, 0.1):
                     if message.error() is not None:
                         continue
@@ -225,8 +237,10 @@ class ResultsFollower:
                     except ValidationError:
                         continue  # not an outcome: nobody can be waiting for it
                     future = self._waiters.pop(outcome.appendId, None)
-                    if future is not None and self._loop is not None:
-                        self._loop.call_soon_threadsafe(_resolve, future, outcome)
+                    if future is not None:
+                        found.append((future, outcome))
+                if found and self._loop is not None:
+                    self._loop.call_soon_threadsafe(_resolve_all, found)
         finally:
             consumer.close()
 
@@ -246,6 +260,7 @@ class ResultsFollower:
         return True
 
 
-def _resolve(future: asyncio.Future[AppendOutcome], outcome: AppendOutcome) -> None:
-    if not future.done():
-        future.set_result(outcome)
+def _resolve_all(found: list[tuple[asyncio.Future[AppendOutcome], AppendOutcome]]) -> None:
+    for future, outcome in found:
+        if not future.done():
+            future.set_result(outcome)

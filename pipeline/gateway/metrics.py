@@ -19,3 +19,6 @@ REFUSALS = Counter(
     ["rule"],
 )
 COMMANDS = Counter("agentstream_gateway_commands_total", "Commands produced to Kafka, by topic kind.", ["topic"])
+# Label children resolved once: `labels()` costs microseconds, and these are counted per command.
+COMMANDS_TO_APPENDS = COMMANDS.labels("appends")
+COMMANDS_TO_INTERNAL = COMMANDS.labels("internal")

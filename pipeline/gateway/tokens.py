@@ -29,7 +29,6 @@ import yaml
 from pydantic import ValidationError
 
 from processors.gate import Claims
-from schemas.events import describe_validation_error
 from schemas.gateway import TokenEntry, TokensFile
 
 log = logging.getLogger("agentstream.gateway")
@@ -58,7 +57,12 @@ def parse_tokens_file(text: str, source: str = "tokens file") -> TokensFile:
     try:
         return TokensFile.model_validate(raw)
     except ValidationError as error:
-        raise TokensFileError(f"{source}: {describe_validation_error(error)}") from None
+        # Field and problem only, never the value: a misplaced token or secret must not reach a log.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or '(file)'}: {e['msg'].removeprefix('Value error, ')}"
+            for e in error.errors(include_url=False)
+        )
+        raise TokensFileError(f"{source}: {problems}") from None
 
 
 def claims_of(entry: TokenEntry) -> Claims:

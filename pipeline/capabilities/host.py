@@ -1,0 +1,454 @@
+"""The capability host (`agentstream worker capabilities`): `script-runs` in, run events out.
+
+The journal worker publishes every journaled `script-run-requested` to `script-runs` (keyed by
+stream path, co-partitioned). Per record the host:
+
+1. past `expiresAt` before it started: reads the stream's journal for the execution and settles
+   `failed/expired` (did not execute), or `failed/crashed` if an earlier host had started it;
+2. otherwise journals `script-run-started` (idempotency key from the execution id) and waits for the
+   journal's answer. `journaled`: this host owns the run and runs it. `duplicate`: an earlier host
+   started it and died (or settled it and died before committing): unless the journal already holds
+   its settlement, it settles `failed/crashed` with executionMayHaveOccurred, and never runs it again;
+3. journals exactly one `script-run-settled` (idempotency key from the execution id).
+
+Concurrency: one script at a time per agent (a lane per stream path, in arrival order), up to
+`concurrency` agents at once (the sandbox pool). Commits: per partition, the first record not yet
+settled; a restart re-delivers the rest, and step 2 makes a re-delivery harmless. Revoked partitions
+and SIGTERM let running scripts finish (up to `shutdown_timeout_s`) and start nothing new.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+from pydantic import ValidationError
+
+from pipeline import metrics
+from pipeline.capabilities.config import HostConfig
+from pipeline.capabilities.grants import Grants, outcome
+from pipeline.capabilities.journal import JournalReader
+from pipeline.capabilities.sandbox import Sandbox
+from pipeline.client import AppendError, AppendTimeout, Client
+from pipeline.settings import Settings
+from processors import scripts
+from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord
+from topics.names import topic_names
+
+log = logging.getLogger("agentstream.capabilities")
+
+EXIT_KAFKA = 3
+EXIT_FATAL = 70
+OUTCOME_WAIT_S = 10.0  # one wait for the journal's answer; repeated (never re-sent) until it comes
+
+
+@dataclass(slots=True)
+class Job:
+    tp: TopicPartition
+    kafka_offset: int
+    record: ScriptRunRecord
+    running: bool = False  # holds a sandbox slot (started journaled or being journaled)
+
+
+@dataclass(slots=True)
+class Lane:
+    jobs: deque[Job] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class PartitionProgress:
+    """Consumed offsets of one partition and which are finished; commit the first unfinished."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, bool] = {}
+        self.next: int | None = None
+        self.committed: int | None = None
+
+    def consumed(self, offset: int) -> None:
+        self.pending[offset] = False
+        self.next = offset + 1
+
+    def finished(self, offset: int) -> None:
+        if offset in self.pending:
+            self.pending[offset] = True
+
+    def committable(self) -> int | None:
+        while self.pending:
+            first = next(iter(self.pending))
+            if not self.pending[first]:
+                return first
+            del self.pending[first]
+        return self.next
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, host: CapabilityHost) -> None:
+        self.host = host
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.host._revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.host._assigned(set(assigned))
+
+
+class CapabilityHost:
+    def __init__(self, settings: Settings, config: HostConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self.topic = topic_names(settings.topic_prefix).script_runs
+        self.max_queued = 4 * config.concurrency + 64
+        self._lanes: dict[str, Lane] = {}
+        self._progress: dict[TopicPartition, PartitionProgress] = {}
+        self._owned: set[TopicPartition] = set()  # assigned and not being revoked: runs may start
+        self.fatal: BaseException | None = None
+        self._paused = False
+        self._stopping = False
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._executor = ThreadPoolExecutor(max_workers=2 * config.concurrency + 8, thread_name_prefix="capabilities")
+        self._consumer: AIOKafkaConsumer | None = None
+        self._internal: Client | None = None  # started/settled: the workers' door
+        self._client: Client | None = None  # the script's own appends: the ordinary door
+        self._reader: JournalReader | None = None
+        self._sandbox: Sandbox | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._on_stop)
+
+    def _on_stop(self) -> None:
+        if self._stop is not None:
+            if self._stop.is_set():
+                log.warning("second stop request: abandoning running scripts")
+                self._stopping = True
+                for lane in self._lanes.values():
+                    if lane.task is not None:
+                        lane.task.cancel()
+            self._stop.set()
+
+    async def serve(self) -> None:
+        settings, config = self.settings, self.config
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._slots = asyncio.Semaphore(config.concurrency)
+        metrics.SCRIPT_POOL_SIZE.set(config.concurrency)
+        self._internal = await self._blocking(lambda: Client(settings, internal=True))
+        self._client = await self._blocking(lambda: Client(settings))
+        self._reader = JournalReader(settings)
+        session_timeout_ms = int(settings.session_timeout_s * 1000)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=config.group,
+            client_id=f"{config.group}-host",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=max(500, session_timeout_ms // 3),
+            max_poll_interval_ms=600_000,
+            **settings.aiokafka_config(),
+        )
+        self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+        log.info(
+            "capability host: group %s consuming %s; %d scripts at once, %d MiB each",
+            config.group,
+            self.topic,
+            config.concurrency,
+            config.max_memory_mb,
+        )
+        committer: asyncio.Task[None] | None = None
+        try:
+            async with Sandbox(config) as sandbox:
+                self._sandbox = sandbox
+                await self._consumer.start()
+                committer = asyncio.create_task(self._commit_loop())
+                while not self._stop.is_set():
+                    batch = await self._consumer.getmany(timeout_ms=200, max_records=500)
+                    for tp, messages in batch.items():
+                        for message in messages:
+                            self._dispatch(tp, message.offset, message.value)
+                    self._backpressure()
+                await self._shutdown(committer)
+        finally:
+            await self._close()
+
+    async def _shutdown(self, committer: asyncio.Task[None] | None) -> None:
+        self._stopping = True
+        running = self._lane_tasks(lambda job: job.running)
+        if running:
+            log.info("stopping: up to %gs for %d running script(s)", self.config.shutdown_timeout_s, len(running))
+            await asyncio.wait(running, timeout=self.config.shutdown_timeout_s)
+        for lane in self._lanes.values():
+            if lane.task is not None and not lane.task.done():
+                lane.task.cancel()
+        tasks = [lane.task for lane in self._lanes.values() if lane.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
+        if committer is not None:
+            committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await committer
+        with contextlib.suppress(Exception):
+            await self._commit()
+
+    async def _close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+        for client in (self._internal, self._client):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await self._blocking(client.close)
+        if self._reader is not None:
+            await self._blocking(self._reader.close)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        log.info("capability host stopped")
+
+    async def _blocking(self, function: Any, *args: Any) -> Any:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._executor, function, *args)
+
+    # ---- records and lanes ----------------------------------------------------------------------
+
+    def _dispatch(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+        progress = self._progress.get(tp)
+        if progress is None or tp not in self._owned:  # revoked since it was fetched
+            return
+        progress.consumed(offset)
+        try:
+            record = ScriptRunRecord.model_validate_json(value or b"")
+        except ValidationError as error:
+            log.error("%s[%d]@%d is not a script run request (skipped): %s", tp.topic, tp.partition, offset, error)
+            progress.finished(offset)
+            return
+        lane = self._lanes.setdefault(record.streamPath, Lane())
+        lane.jobs.append(Job(tp, offset, record))
+        metrics.SCRIPT_QUEUED.inc()
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.create_task(self._run_lane(record.streamPath, lane))
+
+    async def _run_lane(self, path: str, lane: Lane) -> None:
+        """One agent's runs, one at a time, in arrival order."""
+        try:
+            while lane.jobs:
+                job = lane.jobs[0]
+                try:
+                    if self._may_start(job):
+                        await self._handle(job)
+                        self._finished(job)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # Kafka failed us, or a bug: stop before committing past it
+                    log.exception("%s: the host failed on %s", path, job.record.executionId)
+                    self._fail(error)
+                    return
+                finally:
+                    job.running = False
+                lane.jobs.popleft()
+                metrics.SCRIPT_QUEUED.dec()
+        finally:
+            if not lane.jobs and self._lanes.get(path) is lane:
+                del self._lanes[path]
+
+    def _may_start(self, job: Job) -> bool:
+        return job.tp in self._owned and not self._stopping
+
+    def _fail(self, error: BaseException) -> None:
+        if self.fatal is None:
+            self.fatal = error
+        self._stopping = True
+        if self._stop is not None:
+            self._stop.set()
+
+    def _finished(self, job: Job) -> None:
+        progress = self._progress.get(job.tp)
+        if progress is not None:
+            progress.finished(job.kafka_offset)
+
+    async def _handle(self, job: Job) -> None:
+        record = job.record
+        execution = record.executionId
+        if _now_ms() >= record.expiresAt:
+            await self._recover(record, expired=True)
+            return
+        assert self._slots is not None and self._sandbox is not None
+        # From `started` on, a host that dies leaves a run that may have occurred: it is never run
+        # again, only settled as crashed. Journaling it before taking a sandbox slot keeps the
+        # journal's round trip out of the pool.
+        job.running = True
+        status = await self._journal(
+            record.streamPath, SCRIPT_RUN_STARTED, {"executionId": execution}, scripts.started_key(execution)
+        )
+        if status != "journaled":
+            if status == "duplicate":  # an earlier host started it: never run twice
+                await self._recover(record, expired=False)
+            else:
+                log.error("%s: %s was not journaled (%s); not running it", record.streamPath, execution, status)
+            return
+        async with self._slots:
+            metrics.SCRIPT_POOL_BUSY.inc()
+            try:
+                budget_s = min(record.timeoutMs, record.expiresAt - _now_ms()) / 1000
+                grants = Grants(
+                    path=record.streamPath,
+                    execution=execution,
+                    client=self._client,  # type: ignore[arg-type]
+                    reader=self._reader,  # type: ignore[arg-type]
+                    blocking=self._blocking,
+                )
+                ran = await self._sandbox.run(record.code, grants.functions(), max(budget_s, 0.001))
+            finally:
+                metrics.SCRIPT_POOL_BUSY.dec()
+        metrics.SCRIPT_RUN_SECONDS.observe(ran.duration_ms / 1000)
+        await self._settle(record, ran.settlement, ran.duration_ms)
+
+    async def _recover(self, record: ScriptRunRecord, *, expired: bool) -> None:
+        """Settle a run this host did not start: read what the journal holds for the execution."""
+        assert self._reader is not None
+        execution = record.executionId
+        events = await self._blocking(self._reader.events_from, record.streamPath, record.offset + 1)
+        mine = [
+            e for e in events if isinstance(e.get("payload"), dict) and e["payload"].get("executionId") == execution
+        ]
+        if any(e["type"] == SCRIPT_RUN_SETTLED for e in mine):
+            log.info("%s: %s is already settled", record.streamPath, execution)
+            return
+        started = any(e["type"] == SCRIPT_RUN_STARTED for e in mine)
+        if started:
+            log.warning("%s: %s was started by a host that stopped: settled as crashed", record.streamPath, execution)
+            await self._settle(record, scripts.crashed(), None)
+        else:
+            await self._settle(record, scripts.expired(record.expiresAt), None)
+
+    async def _settle(self, record: ScriptRunRecord, settlement: dict[str, Any], duration_ms: int | None) -> None:
+        payload = scripts.settled_payload(record.executionId, settlement, duration_ms)
+        key = scripts.settled_key(record.executionId)
+        status = await self._journal(record.streamPath, SCRIPT_RUN_SETTLED, payload, key)
+        label = settlement["status"] if settlement["status"] == "succeeded" else settlement["failureKind"]
+        metrics.SCRIPT_RUNS.labels(label).inc()
+        if status == "rejected":  # another settlement holds the key: exactly one exists, not this one
+            log.info("%s: %s already had a different settlement", record.streamPath, record.executionId)
+
+    async def _journal(self, path: str, event_type: str, payload: dict[str, Any], key: str) -> str:
+        """Append through the workers' door and wait for the journal's answer (never re-sent: a
+        second send of `started` would look like an earlier host's)."""
+        assert self._internal is not None
+        command = {"type": event_type, "payload": payload, "idempotencyKey": key}
+        receipt = self._internal.streams.get(path).append(command)  # produce only: does not block
+        while True:
+            try:
+                result = await outcome(receipt, OUTCOME_WAIT_S)
+                return result.status
+            except AppendTimeout:
+                log.warning("%s: no answer from the journal for %s yet; still waiting", path, key)
+            except AppendError as error:
+                raise RuntimeError(f"could not append {key} to {path}: {error}") from error
+
+    # ---- commits and rebalances -----------------------------------------------------------------
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                await self._commit()
+            except Exception as error:  # the next round retries
+                log.warning("commit failed, retrying: %s", error)
+
+    async def _commit(self) -> None:
+        assert self._consumer is not None
+        offsets: dict[TopicPartition, int] = {}
+        for tp, progress in self._progress.items():
+            point = progress.committable()
+            if point is not None and point != progress.committed:
+                offsets[tp] = point
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except KafkaError as error:
+            log.info("commit skipped (%s); it is retried", error)
+            return
+        for tp, point in offsets.items():
+            progress = self._progress.get(tp)
+            if progress is not None:
+                progress.committed = point
+
+    def _assigned(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            self._progress.setdefault(tp, PartitionProgress())
+            self._owned.add(tp)
+        log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "no partitions")
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        if not revoked:
+            return
+        self._owned -= revoked  # nothing new starts for them
+        running = self._lane_tasks(lambda job: job.running and job.tp in revoked)
+        if running:
+            log.info("revoked: up to %gs for %d running script(s)", self.config.shutdown_timeout_s, len(running))
+            await asyncio.wait(running, timeout=self.config.shutdown_timeout_s)
+        with contextlib.suppress(Exception):
+            await self._commit()  # what they finished; the new owner repeats the rest harmlessly
+        for tp in revoked:
+            self._progress.pop(tp, None)
+
+    def _lane_tasks(self, which: Any) -> set[asyncio.Task[None]]:
+        return {
+            lane.task
+            for lane in self._lanes.values()
+            if lane.task is not None and not lane.task.done() and lane.jobs and which(lane.jobs[0])
+        }
+
+    def _backpressure(self) -> None:
+        assert self._consumer is not None
+        queued = sum(len(lane.jobs) for lane in self._lanes.values())
+        if not self._paused and queued >= self.max_queued:
+            self._consumer.pause(*self._consumer.assignment())
+            self._paused = True
+        elif self._paused and queued < self.config.concurrency:
+            self._consumer.resume(*self._consumer.assignment())
+            self._paused = False
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def run(settings: Settings, config: HostConfig | None = None) -> None:
+    """Run the host in the foreground until SIGTERM/SIGINT (a second signal abandons running scripts)."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = config or HostConfig.from_env()
+    metrics.serve(config.metrics_port)
+    host = CapabilityHost(settings, config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, host.request_stop)
+        await host.serve()
+
+    try:
+        asyncio.run(main())
+    except AppendError as error:  # the topics are missing or Kafka is unreachable at startup
+        log.error("capability host cannot start: %s", error)
+        logging.shutdown()
+        raise SystemExit(EXIT_KAFKA) from None
+    if host.fatal is not None:
+        log.critical("capability host stopped on an error (uncommitted runs go to the next host): %s", host.fatal)
+        logging.shutdown()
+        raise SystemExit(EXIT_FATAL)

@@ -1,0 +1,181 @@
+"""Replay's fold: journal records -> the rows of one partition, one batch at a time (no I/O here).
+
+The rows are exactly those `PartitionEngine.catch_up` stores for the same records on an empty
+store (same decoding, same reducer, same row encodings from `processors.rows`; the unit tests
+check the two against each other and against the live path). Two things make it cheaper:
+
+- one JSON parse per record. The idempotency row needs the digest of the event's raw payload
+  (`processors.journal.payload_hash`), which the engine gets by parsing the record a second time.
+  A record that carries an idempotency key is parsed once with orjson instead and validated from
+  that dict, so the digest hashes the very value the engine's second parse would produce. Hashing
+  the validated payload model instead would not be byte-identical: validation coerces
+  (`compactionTriggerFraction: 1` becomes `1.0`), and a different digest turns a retried command
+  into an idempotency conflict. Records without a key go through `decode_event` itself.
+- rows are encoded once per batch, not once per event. The reducer records which item rows an
+  event changed (`state.changes`); the fold drains them, with the metadata row of every stream
+  the batch touched, when the batch is taken. An item replaced or dropped within a batch is
+  encoded once or never, and the metadata row (the costliest encoding) once per stream per batch.
+  The stored result is the same: each row's last value within the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Union
+
+import orjson
+from pydantic import Field, TypeAdapter, ValidationError
+
+from pipeline import heap
+from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
+from processors import rows
+from processors.journal import payload_hash
+from processors.reducer import fold
+from processors.state import AgentState, SourceOffsets
+from schemas.events import (
+    CONSUMED_TYPES,
+    TYPED_EVENTS,
+    EnvelopeError,
+    InvalidPayloadEvent,
+    JournalEvent,
+    OtherEvent,
+    decode_event,
+    describe_validation_error,
+)
+
+log = logging.getLogger("agentstream.replay")
+
+# (kafka offset, value, headers as confluent-kafka gives them: a list of (name, bytes) or None)
+Record = tuple[int, bytes, Sequence[tuple[str, bytes]] | None]
+Event = JournalEvent | InvalidPayloadEvent
+
+_KEY_FIELD = b'"idempotencyKey"'  # as orjson writes it; an escaped spelling takes the engine's path
+# The adapters of `decode_event`, over the same models.
+_typed_events: TypeAdapter[Any] = TypeAdapter(
+    Annotated[Union[tuple(TYPED_EVENTS.values())], Field(discriminator="type")]  # noqa: UP007
+)
+_other_event: TypeAdapter[OtherEvent] = TypeAdapter(OtherEvent)
+
+
+def decode_parsed(envelope: dict[str, Any]) -> Event:
+    """`decode_event` for a record already parsed into a dict (the same models, validated from Python)."""
+    try:
+        return _typed_events.validate_python(envelope)
+    except ValidationError as typed_error:
+        try:
+            other = _other_event.validate_python(envelope)
+        except ValidationError as envelope_error:
+            raise EnvelopeError(describe_validation_error(envelope_error)) from None
+        if other.type not in CONSUMED_TYPES:
+            return other
+        return InvalidPayloadEvent(other, describe_validation_error(typed_error, other.type))
+
+
+def decode_record(value: bytes) -> tuple[Event, str | None]:
+    """The event of a journal record and, if it has an idempotency key, its payload digest.
+
+    Raises `EnvelopeError` where `decode_event` does. The digest equals the engine's
+    `payload_hash(event.type, orjson.loads(value)["payload"])`, computed without a second parse.
+    """
+    if _KEY_FIELD in value:
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            parsed = None  # decode_event decides (and words the error) as in the engine
+        if type(parsed) is dict:
+            # Hashed before validation: the digest is of the raw payload whatever a validator does.
+            digest = None
+            if parsed.get("idempotencyKey") is not None:
+                digest = payload_hash(parsed.get("type"), parsed.get("payload"))
+            event = decode_parsed(parsed)
+            return event, digest if event.idempotencyKey is not None else None
+    event = decode_event(value)
+    if event.idempotencyKey is None:
+        return event, None
+    return event, payload_hash(event.type, orjson.loads(value)["payload"])  # the engine's way (rare)
+
+
+def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, int, str | None]:
+    """(read from the internal command topic, source offset, append id) of a journal record."""
+    internal, source_offset, append_id = False, -1, None
+    for name, value in headers or ():
+        if name == H_SOURCE_OFFSET:
+            source_offset = int(value)
+        elif name == H_SOURCE_TOPIC:
+            internal = value == INTERNAL
+        elif name == H_APPEND_ID:
+            append_id = value.decode()
+    return internal, source_offset, append_id
+
+
+class _Stream:
+    __slots__ = ("path", "sources", "state")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.state = AgentState(stream_path=path, changes={})
+        self.sources = SourceOffsets()
+
+
+class PartitionFold:
+    """Every stream of one partition, folded from its journal into a fresh store, batch by batch.
+
+    `fold(records)` any number of times, then `take()` the rows to write: item, metadata,
+    idempotency and append-id rows, and the partition's journal position (value None: delete).
+    """
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.streams: dict[str, _Stream] = {}
+        self.folded = 0  # events folded (records skipped as already folded or not events excluded)
+        self._rows: dict[bytes, bytes | None] = {}
+        self._touched: dict[str, _Stream] = {}
+        self._position: int | None = None
+
+    def fold(self, records: Iterable[Record]) -> int:
+        """Fold journal records of this partition in offset order; how many events were folded."""
+        streams, staged, touched = self.streams, self._rows, self._touched
+        folded = 0
+        for kafka_offset, value, headers in records:
+            self._position = kafka_offset
+            try:
+                event, digest = decode_record(value)
+            except EnvelopeError as error:
+                log.error("journal partition %d offset %d is not an event: %s", self.partition, kafka_offset, error)
+                continue
+            path = event.streamPath
+            stream = streams.get(path)
+            if stream is None:
+                stream = streams[path] = _Stream(path)
+            state = stream.state
+            if event.offset <= state.cursor:
+                continue  # journaled twice (a zombie writer): the first one counts, as in catch-up
+            internal, source_offset, append_id = journal_headers(headers)
+            if isinstance(event, InvalidPayloadEvent):
+                log.error("journal @%d of %s has an invalid payload (skipped): %s", event.offset, path, event.reason)
+            fold(state, event)
+            stream.sources = stream.sources.advanced(internal, source_offset)
+            key = event.idempotencyKey
+            if key is not None:
+                assert digest is not None
+                staged[rows.idempotency_key(path, key)] = rows.encode_idempotency(event.offset, event.type, digest)
+            if append_id is not None:
+                staged[rows.append_id_key(path, append_id)] = str(event.offset).encode()
+            touched[path] = stream
+            folded += 1
+            if (self.folded + folded) % heap.SETTLE_EVERY == 0:
+                heap.settle()  # the worker's GC policy: full collections would rescan every projection
+        self.folded += folded
+        return folded
+
+    def take(self) -> dict[bytes, bytes | None]:
+        """The rows changed since the last take (each with its latest value); starts a new batch."""
+        staged = self._rows
+        for path, stream in self._touched.items():
+            staged.update(rows.change_rows(path, stream.state.drain_changes()))
+            staged[rows.meta_key(path)] = rows.encode_meta(stream.state, stream.sources)
+        if self._position is not None:
+            staged[rows.position_key(self.partition)] = str(self._position).encode()
+        self._rows, self._touched, self._position = {}, {}, None
+        return staged
