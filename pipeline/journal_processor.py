@@ -45,7 +45,7 @@ from pipeline.kafka_producer import OnDelivery
 from pipeline.partitioner import partition_for
 from processors import rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
-from processors.render import DEFAULT_BUDGET, RenderBudget, Transport, render_messages
+from processors.render import DEFAULT_BUDGET, RenderBudget, Transport, as_of_request, render_messages
 from processors.scheduler import decide
 from processors.state import AgentState, SourceOffsets
 from schemas.events import (
@@ -428,7 +428,7 @@ class PartitionEngine:
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
             pending = Pending(command, [])
-            self._republish(pending, append)
+            self._republish(entry, pending, append)
             return Decision(pending)
         if not command.internal:
             forbidden = worker_only_reason(append.type, append.payload)
@@ -485,13 +485,63 @@ class PartitionEngine:
             self._result(pending, append, "rejected", None, reason)
         return Decision(pending, reject_reason=reason)
 
-    def _republish(self, pending: Pending, append: AppendCommand) -> None:
-        """The outcome of a redelivered, already journaled command, for a client still waiting."""
-        if append.appendId is None:
-            return
-        offset = self.read(rows.append_id_key(append.streamPath, append.appendId))
-        if offset is not None:
-            self._result(pending, append, "journaled", int(offset))
+    def _republish(self, entry: StreamEntry, pending: Pending, append: AppendCommand) -> None:
+        """What a redelivered, already journaled command published: its command position was not
+        recorded as done, so some of it may never have reached Kafka (the worker died first).
+        Its result again, for a client still waiting; and the call record of the request it
+        opened, if that request is still open (the caller repeats nothing that already settled)."""
+        offset = None
+        if append.appendId is not None:
+            found = self.read(rows.append_id_key(append.streamPath, append.appendId))
+            offset = None if found is None else int(found)
+            if offset is not None:
+                self._result(pending, append, "journaled", offset)
+        elif append.idempotencyKey is not None:
+            found = self.read(rows.idempotency_key(append.streamPath, append.idempotencyKey))
+            offset = None if found is None else rows.decode_idempotency(found)[0]
+        open_request = entry.state.open
+        if offset is not None and open_request is not None and open_request.offset == offset:
+            record = self._call_record_again(entry)
+            if record is not None:
+                pending.after.append((self.topics.llm_requests, append.streamPath.encode(), record))
+
+    def _call_record_again(self, entry: StreamEntry) -> bytes | None:
+        """The open request's call record, rendered again exactly as it was first rendered."""
+        state = entry.state
+        request = state.open
+        assert request is not None
+        if entry.last_request is not None and entry.last_request[0] == request.offset:
+            messages = entry.last_request[1]
+        else:
+            view = as_of_request(state, request.offset)
+            if view is None or request.createdAt is None:
+                log.warning(
+                    "%s: the call record of @%d may be lost and cannot be rendered again (history compacted "
+                    "since, or state from an older version); the request expires at %d",
+                    state.stream_path,
+                    request.offset,
+                    request.expiresAt,
+                )
+                return None
+            messages = render_messages(view, self.transport, request.createdAt, self.render_budget)
+            entry.last_request = (request.offset, messages)
+        return self._call_record(state, messages)
+
+    def _call_record(self, state: AgentState, messages: list[dict[str, Any]]) -> bytes:
+        request = state.open
+        assert request is not None
+        record = {
+            "kind": "call",
+            "streamPath": state.stream_path,
+            "requestOffset": request.offset,
+            "model": request.model,
+            "transport": self.transport,
+            "expiresAt": request.expiresAt,
+            "attempt": state.consecutive_llm_failures + 1,
+            "maxAttempts": state.config.llmRequestRetryPolicy.maxAttempts,
+            "messages": messages,
+        }
+        return orjson.dumps(record)
 
     def _carry_out(self, command: Command, decision: Decision) -> None:
         """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
@@ -551,18 +601,7 @@ class PartitionEngine:
             with metrics.RENDER_SECONDS.time():
                 messages = render_messages(state, self.transport, event.createdAt, self.render_budget)
             entry.last_request = (event.offset, messages)
-            record = {
-                "kind": "call",
-                "streamPath": path,
-                "requestOffset": event.offset,
-                "model": open_request.model,
-                "transport": self.transport,
-                "expiresAt": open_request.expiresAt,
-                "attempt": state.consecutive_llm_failures + 1,
-                "maxAttempts": state.config.llmRequestRetryPolicy.maxAttempts,
-                "messages": messages,
-            }
-            pending.after.append((self.topics.llm_requests, path.encode(), orjson.dumps(record)))
+            pending.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
         elif open_request is not None and open_request.interruptedBy == event.offset:
             record = {
                 "kind": "cancel",

@@ -226,6 +226,7 @@ def _requested(state: AgentState, event: Any) -> None:
             expiresAt=event.payload.expiresAt,
             triggerOffset=pending.offset,
             source=pending.source,
+            createdAt=event.createdAt,
         )
         state.pending = None
         if pending.source == "agent-loop":

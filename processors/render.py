@@ -252,6 +252,25 @@ def _notice_message(content: str, transport: Transport) -> dict[str, Any]:
     return {"role": provider_role("developer", transport), "content": content}
 
 
+def as_of_request(state: AgentState, request_offset: int) -> AgentState | None:
+    """The projection as request R saw it, from a state folded past R (for rendering R again).
+
+    Exact: positions created after R are left out, and no position that existed at R changed since,
+    because R published all of them (a later item with the same key appends an update instead of
+    replacing). None when a compaction after R rewrote the lanes: R cannot be rendered again.
+    """
+    view = AgentState(stream_path=state.stream_path)
+    for source, target in ((state.system, view.system), (state.history, view.history)):
+        for cell in source.cells:
+            if cell.created_offset <= request_offset:
+                target.cells.append(cell)
+            elif cell.item.compaction is not None:
+                return None
+    if state.compacted_through > request_offset:
+        return None
+    return view
+
+
 def render_messages(
     state: AgentState,
     transport: Transport = "openai",

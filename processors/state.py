@@ -88,6 +88,8 @@ class OpenRequest:
     source: TriggerSource
     # Offset of an `interrupt-current-request` item that arrived while this request was open.
     interruptedBy: int | None = None
+    # createdAt of the request event: its timestamp message, when the request is rendered again.
+    createdAt: str | None = None
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.journal_processor import H_REASON, H_SOURCE_OFFSET, Command, CommandPositions, PartitionEngine
 from processors import rows
-from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
 from topics.names import topic_names
 
 NAMES = topic_names("t-")
@@ -318,3 +318,33 @@ def test_command_positions_are_the_end_of_the_done_prefix(order: list[int]) -> N
             expected = 10 if expected == -1 else expected + 1
         assert positions.done[False] == expected
     assert positions.done == {False: 12, True: -1}
+
+
+def test_a_redelivered_request_command_publishes_its_call_record_again_exactly() -> None:
+    """The worker may die between journaling a request and publishing its call record: the
+    request command, read again, republishes the record, rendered as the request saw it (later
+    items left out), byte for byte, even after the stream's state was reloaded from its rows."""
+
+    async def scenario() -> None:
+        h = Harness()
+        system = {"role": "system", "content": "be brief", "key": "agent/system-prompt"}
+        await h.handle(h.command({"type": CONTEXT_ADDED, "payload": system}), h.command(user("hello")))
+        requested = h.command(
+            {"type": LLM_REQUEST_REQUESTED, "payload": {"model": "m", "expiresAt": 2**40}, "idempotencyKey": "r/2"},
+            internal=True,
+        )
+        await h.handle(requested)
+        await h.settle()
+        (first,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.llm_requests)]
+        notes = {"role": "developer", "content": "after the request", "key": "notes"}
+        await h.handle(h.command({"type": CONTEXT_ADDED, "payload": notes}), h.command(user("more")))
+        await h.settle()
+        h.engine.streams.clear()  # reload from rows: nothing of the first rendering in memory
+        await h.handle(requested)  # the same record again
+        await h.settle()
+        records = [r.value for r in h.kafka.on(NAMES.llm_requests)]
+        assert len(records) == 2 and orjson.loads(records[1]) == first
+        assert "after the request" not in records[1].decode()
+        assert len(h.kafka.on(NAMES.journal)) == 5  # nothing journaled twice
+
+    run(scenario())

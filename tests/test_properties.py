@@ -25,6 +25,7 @@ from processors.render import (
     TIMESTAMP_PREFIX,
     TRANSPORTS,
     RenderBudget,
+    as_of_request,
     omitted_notice,
     projection_json,
     render_cell,
@@ -473,3 +474,46 @@ def test_3_budget_only_the_oldest_history_is_left_out_and_one_notice_names_it(
         assert message["content"].startswith(f"@{cell.offset}") or message["content"].endswith(
             f"The journal keeps it whole at @{cell.offset}.]"
         )
+
+
+# --- rendering a request again (as_of_request) -------------------------------------------------------
+
+later_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["system", "developer", "user", "assistant"]),
+        st.sampled_from([None, "k1", "k2", "agent/system-prompt"]),
+        st.text(max_size=12),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(before=later_steps, after=later_steps, more_requests=st.booleans())
+def test_a_request_renders_again_exactly_from_a_state_folded_past_it(
+    before: list[tuple[str, str | None, str]], after: list[tuple[str, str | None, str]], more_requests: bool
+) -> None:
+    """Property: for any items before and after request R (keyed slots included, even a later
+    request), rendering `as_of_request(state, R)` gives R's messages byte for byte."""
+    j = Journal()
+    j.user("start")
+    for role, key, text in before:
+        j.item(role, text, **({"key": key} if key else {}))
+    r = j.request()
+    expected = render_messages(j.fold(), "openai-compatible", j.created_at(r))
+    for index, (role, key, text) in enumerate(after):
+        j.item(role, text, **({"key": key} if key else {}))
+        if more_requests and index == len(after) // 2:
+            j.request()
+    view = as_of_request(j.fold(), r)
+    assert view is not None
+    assert orjson.dumps(render_messages(view, "openai-compatible", j.created_at(r))) == orjson.dumps(expected)
+
+
+def test_a_request_cannot_render_again_after_a_compaction_rewrote_history() -> None:
+    j = Journal()
+    j.user("a")
+    r = j.request()
+    j.user("b")
+    j.compaction(r, policy=DONT_TRIGGER)
+    assert as_of_request(j.fold(), r) is None
