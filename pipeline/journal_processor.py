@@ -71,7 +71,6 @@ H_SOURCE_OFFSET = "source-offset"
 H_SOURCE_TOPIC = "source-topic"  # on journal records: "internal" for agent-internal-appends, absent otherwise
 INTERNAL = b"internal"
 H_REASON = "reason"
-H_TICK = "agentstream-tick"
 
 # A scheduler command not journaled within this time is sent again (its idempotency key makes a
 # duplicate harmless).

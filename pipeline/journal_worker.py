@@ -4,8 +4,9 @@ Faust is the framework: consumer group membership, partition assignment, the cha
 RocksDB rows table and its recovery. The data path around it moves records in batches:
 
 - Faust assigns partitions of `agent-journal-owners` (co-partitioned with the rows table); once
-  Faust has restored partition p's rows, a tick on it makes this worker re-fold the journal tail
-  (`recover`) and start reading partition p of both command topics (`CommandReader`);
+  Faust has restored the rows of an assignment (`on_rebalance_complete`), this worker re-folds
+  each new partition's journal tail (`recover`) and starts reading partition p of both command
+  topics (`CommandReader`);
 - `PartitionEngine` decides each command (pure core) and produces journal, dead-letter, result,
   request and changelog records through librdkafka (`AsyncProducer`: idempotent, acks=all);
 - rows go to the table's changelog (partition explicit) and then, once acknowledged, to the
@@ -17,6 +18,7 @@ Keys and values are raw bytes everywhere, so prefix scans work (docs/architectur
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -31,7 +33,7 @@ from rocksdict import WriteBatch
 
 from pipeline import metrics
 from pipeline.command_reader import CommandReader
-from pipeline.journal_processor import H_TICK, PartitionEngine
+from pipeline.journal_processor import PartitionEngine
 from pipeline.kafka_producer import AsyncProducer
 from pipeline.settings import Settings
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
@@ -260,22 +262,40 @@ def build_app(settings: Settings) -> faust.App:
         engine.caught_up = True
         engine.wake_streams_with_work()
 
-    @app.agent(owners, name="journal")
-    async def journal(stream: Any) -> None:
-        """A tick per assigned partition arrives once Faust has restored its rows: recover the
-        partition (re-fold the journal tail) and start reading its commands."""
-        producer.start()
-        reader.start()
-        async for event in stream.events():
-            partition = event.message.partition
-            if partition in engines:
+    starting: set[int] = set()
+
+    def owned_now() -> set[int]:
+        return {tp.partition for tp in app.consumer.assignment() if tp.topic == names.journal_owners}
+
+    async def start_partitions() -> None:
+        """Recover each newly owned partition (re-fold the journal tail) and start reading its
+        commands. Runs once Faust has restored the rows of the new assignment."""
+        for partition in sorted(owned_now()):
+            if partition in engines or partition in starting:
                 continue
+            starting.add(partition)
             try:
                 engine = new_engine(partition)
                 await recover(engine)
-                reader.own(engine)
+                if partition in owned_now():  # not revoked meanwhile by another rebalance
+                    reader.own(engine)
             except Exception as error:
                 crash(error)
+            finally:
+                starting.discard(partition)
+
+    @app.on_rebalance_complete.connect
+    async def rebalanced(app: Any, **_: Any) -> None:
+        producer.start()
+        reader.start()
+        asyncio.get_running_loop().create_task(start_partitions(), name="start-partitions")
+
+    @app.agent(owners, name="journal")
+    async def journal(stream: Any) -> None:
+        """Membership only: Faust assigns this topic's partitions (and the rows table's with them);
+        nothing is written to it."""
+        async for _ in stream:
+            pass
 
     @app.timer(interval=0.01)
     async def schedule() -> None:
@@ -293,13 +313,6 @@ def build_app(settings: Settings) -> faust.App:
             lag = reader.lag(partition)
             if lag is not None:
                 metrics.CONSUMER_LAG.labels(names.appends, str(partition)).set(lag)
-
-    @app.on_partitions_assigned.connect
-    async def assigned(app: Any, assigned: set[Any], **_: Any) -> None:
-        # Every owned partition starts now, not at its next tick.
-        for tp in assigned:
-            if tp.topic == names.journal_owners:
-                await owners.send(key=b"", value=b"", partition=tp.partition, headers=[(H_TICK, b"1")])
 
     @app.on_partitions_revoked.connect
     async def revoked(app: Any, revoked: set[Any], **_: Any) -> None:
