@@ -199,7 +199,25 @@ class CommandPositions:
 
 
 class PartitionEngine:
-    """Everything one partition's writer holds: cached states, unstored rows, the queue."""
+    """Everything one partition's writer holds: cached states, unstored rows, the queue.
+
+    Its commit protocol, in order (docs/architecture.md, "Commit protocol"):
+
+    1. `handle_batch`: decide each command of a fetched batch (pure core), stage its rows in the
+       overlay (later reads see them), produce its journal or dead-letter record. A failure while
+       deciding dead-letters that one command (`internal_error`).
+    2. Deliveries settle in order per partition. `drain` takes the prefix of the queue whose
+       records are acknowledged: a failed one is fatal (the state is ahead of the journal).
+    3. Their rows go into the table (one changelog record per changed key: the last write of a
+       batch wins), with the journal position `p` and the command positions `c`.
+    4. `RowTable.commit` produces the changelog burst; once every record of it is acknowledged,
+       the rows, Faust's changelog offset and both positions are written to RocksDB in one batch
+       (any failed record is fatal: the store must stay a prefix of the changelog).
+    5. The follow-up records of each drained command (its result, a request body, a cancel, a
+       compaction, script commands) are produced; once all are delivered the command is done and
+       its offset may enter the next `c` row. A crash before that reads the command again after
+       the restart, and its outcome is published again.
+    """
 
     def __init__(
         self,
@@ -212,7 +230,7 @@ class PartitionEngine:
         partitions: int = 0,  # the topic's partition count, to refuse misrouted commands (0: no check)
         default_model: str = "smollm2",
         transport: Transport = "openai-compatible",
-        render_budget: RenderBudget = DEFAULT_BUDGET,
+        render_budget: Callable[[str], RenderBudget] = lambda _model: DEFAULT_BUDGET,
         max_pending: int = 20_000,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         fatal: Callable[[BaseException], None] | None = None,
@@ -226,7 +244,7 @@ class PartitionEngine:
         self.partitions = partitions
         self.default_model = default_model
         self.transport = transport
-        self.render_budget = render_budget
+        self.render_budget = render_budget  # per model: items are cut to fit its context window
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending
@@ -522,7 +540,7 @@ class PartitionEngine:
                     request.expiresAt,
                 )
                 return None
-            messages = render_messages(view, self.transport, request.createdAt, self.render_budget)
+            messages = render_messages(view, self.transport, request.createdAt, self.render_budget(request.model))
             entry.last_request = (request.offset, messages)
         return self._call_record(state, messages)
 
@@ -598,7 +616,9 @@ class PartitionEngine:
         if event.type == LLM_REQUEST_REQUESTED and open_request is not None and open_request.offset == event.offset:
             # The record must fit llm-requests whatever the projection holds: render within budget.
             with metrics.RENDER_SECONDS.time():
-                messages = render_messages(state, self.transport, event.createdAt, self.render_budget)
+                messages = render_messages(
+                    state, self.transport, event.createdAt, self.render_budget(open_request.model)
+                )
             entry.last_request = (event.offset, messages)
             pending.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
         elif open_request is not None and open_request.interruptedBy == event.offset:

@@ -220,7 +220,7 @@ def build_app(settings: Settings) -> faust.App:
             fatal=crash,
             default_model=settings.default_model,
             transport=settings.transport,
-            render_budget=settings.render_budget,
+            render_budget=settings.render_budget_for,
         )
 
     async def recover(engine: PartitionEngine) -> None:

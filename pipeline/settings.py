@@ -1,7 +1,8 @@
 """Settings: environment variables `AGENTSTREAM_<NAME>` with documented defaults.
 
-Every field's description is the documentation (the README's configuration table is generated
-from it by `agentstream settings`).
+Every field's description is the documentation. The README's configuration table repeats each
+field with its default and description; tests/test_readme.py fails when a row is missing or differs
+(`.venv/bin/python -m tests.test_readme` prints the current rows).
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ class Settings(BaseModel):
         Path | None,
         Field(
             description="Gateway tokens file (YAML or JSON): sha256 of each bearer token with its tier and scope, "
-            "and the webhook secrets. Re-read when it changes. Unset: every request is 401."
+            "and the webhook secrets. Re-read when it changes. Unset: every request is 401 (`agentstream up` "
+            "writes .local/gateway-tokens.yaml and points its gateway at it)."
         ),
     ] = None
     gateway_max_body_bytes: Annotated[
@@ -240,6 +242,13 @@ class Settings(BaseModel):
     def render_budget(self) -> RenderBudget:
         request = self.llm_request_max_bytes
         return RenderBudget(request, min(self.llm_request_item_max_bytes, request))
+
+    def render_budget_for(self, model: str) -> RenderBudget:
+        """The budget of one request to `model`: an item over half its context window (at ~4 bytes a
+        token) is cut with a notice, so one huge item can never keep every request over the window."""
+        budget = self.render_budget
+        window_item = max(MIN_ITEM_BYTES, self.context_tokens(model) * 2)
+        return RenderBudget(budget.request_bytes, min(budget.item_bytes, window_item))
 
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)

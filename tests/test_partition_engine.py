@@ -348,3 +348,28 @@ def test_a_redelivered_request_command_publishes_its_call_record_again_exactly()
         assert len(h.kafka.on(NAMES.journal)) == 5  # nothing journaled twice
 
     run(scenario())
+
+
+def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> None:
+    """The item cap follows the request's model (its context window), so one huge item cannot
+    keep every request, and every summary of it, over the window."""
+    from pipeline.settings import Settings
+
+    settings = Settings.from_env({}, llm_context_tokens={"small": 1000})
+    assert settings.render_budget_for("small").item_bytes == 2000
+    assert settings.render_budget_for("other").item_bytes == 2 * settings.llm_default_context_tokens
+
+    async def scenario() -> None:
+        h = Harness()
+        h.engine.render_budget = settings.render_budget_for
+        system = {"role": "system", "content": "be brief", "key": "agent/system-prompt"}
+        await h.handle(h.command({"type": CONTEXT_ADDED, "payload": system}), h.command(user("x" * 50_000)))
+        request = {"type": LLM_REQUEST_REQUESTED, "payload": {"model": "small", "expiresAt": 2**40}}
+        await h.handle(h.command(request, internal=True))
+        await h.settle()
+        (record,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.llm_requests)]
+        (item,) = [m for m in record["messages"] if m["role"] == "user"]
+        assert len(item["content"].encode()) <= 2000
+        assert "Item @2 was cut to fit the request" in item["content"]
+
+    run(scenario())
