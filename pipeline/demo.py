@@ -1,9 +1,10 @@
 """`agentstream demo`: the quick start, end to end, on this machine.
 
-Starts what is not running (the local broker, the embedded model unless OPENAI_API_KEY is set, the
-journal worker and the LLM caller), creates an agent, sends it a message, prints the conversation
-as it is journaled (and the exact request the model saw, headers included), then stops what it
-started. Logs of the workers go to .local/logs/.
+Starts what is not running, as `agentstream up` does (the local broker, the embedded model unless
+OPENAI_API_KEY is set, the journal worker, the LLM caller, the capability host, the router and the
+HTTP gateway), creates an agent, sends it a message, prints the conversation as it is journaled
+(and the exact request the model saw, headers included), then stops exactly what it started.
+Logs of the processes go to .local/logs/.
 """
 
 from __future__ import annotations
@@ -79,15 +80,16 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     _say("starting the local stack:")
-    started: list[str] = []
+    # Filled in as each part starts: a start that fails halfway still stops what it started.
+    launch = local_stack.Launch()
     try:
-        started = local_stack.up(settings, say=_say)
+        local_stack.up(settings, say=_say, launch=launch)
         with Client(settings) as client:
             return converse(client, args.text, args.timeout)
     except local_stack.StackError as error:
         print(f"agentstream demo: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
         return 3  # the local stack (broker, model, workers) could not be started
     finally:
-        if started:
+        if launch.started:
             _say("stopping what the demo started:")
-            local_stack.down(started, say=_say)
+            local_stack.down(launch.started, say=_say)

@@ -21,6 +21,7 @@ deleted."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -31,7 +32,7 @@ import signal
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rocksdict import AccessType, MemtableFactory, Options, Rdict, WriteBatch, WriteOptions
 from tqdm import tqdm
 
+from pipeline import heap
 from pipeline.agent_command import check_path
 from pipeline.client import consume_ready, watermarks
 from pipeline.partitioner import partition_for
@@ -53,6 +55,7 @@ EXIT_DIFFERENT = 1
 MARKER = ".agentstream-replay"  # in every directory replay created: only those may be overwritten
 FAUST_OFFSET_KEY = b"__faust\0offset__"  # Faust's own row in the live store (its changelog offset)
 BATCH = 10_000  # records per consume call, and at most per write batch
+SETTLE_EVENTS = 50_000  # events folded between two GC settles (see `_folding_gc`)
 
 
 class ReplayRefused(ValueError):
@@ -163,12 +166,11 @@ def _consumer(client_config: dict[str, Any]) -> Consumer:
 
 
 def _open_output(path: Path) -> Rdict:
-    """A replay output database: a large memtable, and no write-ahead log (see the module docstring)."""
+    """A replay output database: no write-ahead log (see the module docstring), and a memtable
+    that takes rows unsorted (written, never read, until closed: it sorts once when flushed)."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
-    options.set_write_buffer_size(64 << 20)
-    # Written, never read, until closed: an unsorted memtable takes rows at a quarter of a skip
-    # list's cost and sorts them once when flushed (in a background thread).
+    options.set_write_buffer_size(16 << 20)  # full memtables are flushed in the background while folding
     options.set_allow_concurrent_memtable_write(False)
     options.set_memtable_factory(MemtableFactory.vector())
     db = Rdict(str(path), options=options)
@@ -176,6 +178,24 @@ def _open_output(path: Path) -> Rdict:
     write_options.disable_wal = True
     db.set_write_options(write_options)
     return db
+
+
+class _Outputs:
+    """The output databases one process writes, closed together at its end: the last memtable of
+    each is flushed by RocksDB's background threads while the next partition is folded."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.databases: list[Rdict] = []
+
+    def create(self, partition: int) -> Rdict:
+        db = _open_output(self.out_dir / f"rows-{partition}.db")
+        self.databases.append(db)
+        return db
+
+    def close(self) -> None:
+        while self.databases:
+            self.databases.pop().close()  # waits for its flush: nothing is lost without the log
 
 
 def _write(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
@@ -187,6 +207,24 @@ def _write(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
         else:
             batch.put(key, value)
     db.write(batch)
+
+
+@contextlib.contextmanager
+def _folding_gc() -> Iterator[None]:
+    """Replay's garbage-collector policy: no automatic collections while folding.
+
+    The projections hold no reference cycles (`pipeline.heap`), so CPython's collections would
+    only rescan them, again and again as they grow; `replay_partition` settles instead (one young
+    collection and a freeze) every `SETTLE_EVENTS` events.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # what replay froze is garbage now; let the collector see it again
+        if enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,41 +240,42 @@ def replay_partition(
     consumer: Consumer,
     topic: str,
     task: PartitionTask,
-    out_dir: Path,
+    db: Rdict,
     only_path: str | None,
     report: Callable[[int], None],
 ) -> tuple[int, list[str]]:
-    """Fold one partition's journal into `rows-{p}.db`: (events folded, streams seen).
+    """Fold one partition's journal into its output database: (events folded, streams seen).
 
     Records are consumed in batches; each batch's rows are written in one `WriteBatch`.
     `report(n)` is told how many records each batch consumed (progress).
     """
-    db = _open_output(out_dir / f"rows-{task.partition}.db")
     fold = PartitionFold(task.partition)
     only_key = None if only_path is None else only_path.encode()
-    try:
-        if task.high > task.low:
-            consumer.assign([TopicPartition(topic, task.partition, task.low)])
-            position = task.low
-            while position < task.high:
-                records: list[Record] = []
-                consumed = 0
-                for message in consume_ready(consumer, BATCH, 1.0):
-                    offset = message.offset()
-                    if message.error() is not None or offset >= task.high:
-                        continue
-                    position = offset + 1
-                    consumed += 1
-                    if only_key is not None and message.key() != only_key:
-                        continue
-                    records.append((offset, message.value(), message.headers()))
-                fold.fold(records)
-                staged = fold.take()
-                if staged:
-                    _write(db, staged)
-                report(consumed)
-    finally:
-        db.close()  # flushes the memtable: nothing is lost without the log on a clean close
+    settled = 0
+    if task.high > task.low:
+        consumer.assign([TopicPartition(topic, task.partition, task.low)])
+        position = task.low
+        while position < task.high:
+            messages = [message for message in consume_ready(consumer, BATCH, 1.0) if message.error() is None]
+            if messages and messages[-1].offset() >= task.high:  # appended after replay began: not ours
+                messages = [message for message in messages if message.offset() < task.high]
+            if not messages:
+                continue
+            position = messages[-1].offset() + 1
+            records: list[Record] = [
+                (message.offset(), message.value(), message.headers())
+                for message in messages
+                if only_key is None or message.key() == only_key
+            ]
+            fold.fold(records)
+            staged = fold.take()
+            if staged:
+                _write(db, staged)
+            if fold.folded - settled >= SETTLE_EVENTS:
+                heap.settle()
+                settled = fold.folded
+            report(len(messages))
+    db.flush(wait=False)
     return fold.folded, list(fold.streams)
 
 
@@ -260,6 +299,7 @@ def replay(
     started = time.monotonic()
     consumer: Consumer | None = _consumer(settings.kafka_client_config())
     pool: _Pool | None = None
+    outputs = _Outputs(out_dir)
     try:
         partitions = _journal_partitions(consumer, names.journal)
         if only_path is not None:
@@ -273,18 +313,21 @@ def replay(
             if pool is not None:
                 consumer.close()  # the workers read; this process shows progress
                 consumer = None
-                results: Iterable[tuple[int, list[str]]] = pool.run(tasks, bar.update)
+                for events, streams in pool.run(tasks, bar.update):
+                    stats.events += events
+                    stats.streams.update(streams)
             else:
-                results = (
-                    replay_partition(consumer, names.journal, task, out_dir, only_path, bar.update) for task in tasks
-                )
-            for events, streams in results:
-                stats.events += events
-                stats.streams.update(streams)
+                with _folding_gc():
+                    for task in tasks:
+                        db = outputs.create(task.partition)
+                        events, streams = replay_partition(consumer, names.journal, task, db, only_path, bar.update)
+                        stats.events += events
+                        stats.streams.update(streams)
+                    outputs.close()
     finally:
+        outputs.close()
         if consumer is not None:
             consumer.close()
-            gc.unfreeze()  # the fold froze its projections (the worker's GC policy); they are garbage now
         if pool is not None:
             pool.close()
     stats.seconds = time.monotonic() - started
@@ -372,14 +415,21 @@ def _replay_worker(
         reports.put(("progress", consumed))
 
     consumer = None
+    outputs = _Outputs(out_dir)
+    results = []
     try:
         consumer = _consumer(client_config)
-        while (task := _next_task(tasks, parent)) is not None:
-            events, streams = replay_partition(consumer, topic, task, out_dir, only_path, report)
+        with _folding_gc():
+            while (task := _next_task(tasks, parent)) is not None:
+                db = outputs.create(task.partition)
+                results.append(replay_partition(consumer, topic, task, db, only_path, report))
+            outputs.close()  # reported done only once the rows are on disk
+        for events, streams in results:
             reports.put(("done", events, streams))
     except BaseException as error:  # the parent re-raises it, so the CLI maps it to its exit code
         reports.put(("failed", _portable(error)))
     finally:
+        outputs.close()
         if consumer is not None:
             consumer.close()
 

@@ -27,7 +27,6 @@ from typing import Annotated, Any, Union
 import orjson
 from pydantic import Field, TypeAdapter, ValidationError
 
-from pipeline import heap
 from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from processors import rows
 from processors.journal import payload_hash
@@ -155,7 +154,9 @@ class PartitionFold:
             if isinstance(event, InvalidPayloadEvent):
                 log.error("journal @%d of %s has an invalid payload (skipped): %s", event.offset, path, event.reason)
             fold(state, event)
-            stream.sources = stream.sources.advanced(internal, source_offset)
+            sources = stream.sources
+            if source_offset > (sources.internal if internal else sources.appends):
+                stream.sources = sources.advanced(internal, source_offset)
             key = event.idempotencyKey
             if key is not None:
                 assert digest is not None
@@ -164,8 +165,6 @@ class PartitionFold:
                 staged[rows.append_id_key(path, append_id)] = str(event.offset).encode()
             touched[path] = stream
             folded += 1
-            if (self.folded + folded) % heap.SETTLE_EVERY == 0:
-                heap.settle()  # the worker's GC policy: full collections would rescan every projection
         self.folded += folded
         return folded
 

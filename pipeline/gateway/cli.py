@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pipeline.settings import Settings, SettingsError
-from schemas.gateway import TIERS, TokenEntry
+from schemas.gateway import TIERS, Tier, TokenEntry
 
 
 def serve(settings: Settings) -> None:
@@ -50,21 +50,33 @@ def _gateway(_: argparse.Namespace) -> int:
     return 0
 
 
-def _token_create(args: argparse.Namespace) -> int:
-    from pipeline.gateway.tokens import hash_token, new_token, token_entry_yaml
+def mint_token(
+    tier: Tier,
+    scope: list[str],
+    name: str | None = None,
+    agent_path: str | None = None,
+    user_id: str | None = None,
+) -> tuple[str, TokenEntry]:
+    """A new bearer token and its tokens-file entry (which holds only the token's sha256).
+
+    Raises ValueError with the entry's problems, one line (a bad tier, scope or agent path).
+    """
+    from pipeline.gateway.tokens import hash_token, new_token
 
     token = new_token()
     try:
         entry = TokenEntry(
-            sha256=hash_token(token),
-            tier=args.tier,
-            scope=args.scope,
-            name=args.name,
-            agentPath=args.agent_path,
-            userId=args.user_id,
+            sha256=hash_token(token), tier=tier, scope=scope, name=name, agentPath=agent_path, userId=user_id
         )
     except ValidationError as error:
         raise ValueError("; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())) from None
+    return token, entry
+
+
+def _token_create(args: argparse.Namespace) -> int:
+    from pipeline.gateway.tokens import token_entry_yaml
+
+    token, entry = mint_token(args.tier, args.scope, args.name, args.agent_path, args.user_id)
     print(f"token (shown once; store it now): {token}")
     print("add to the gateway tokens file under `tokens:`:")
     print(token_entry_yaml(entry))

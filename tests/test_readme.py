@@ -1,0 +1,160 @@
+"""The README against the code: every setting, metric, command, exit code and Helm value it names.
+
+The configuration tables are the code's own: `.venv/bin/python -m tests.test_readme` prints their
+rows from `pipeline/settings.py` and `pipeline/capabilities/config.py`, and the tests fail when a
+README row is missing, differs or names a setting that does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from pipeline.capabilities.config import ENV_PREFIX as HOST_PREFIX
+from pipeline.capabilities.config import HostConfig
+from pipeline.settings import ENV_PREFIX, REPO_ROOT, Settings
+
+README = (REPO_ROOT / "README.md").read_text()
+LINES = README.splitlines()
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, Path):
+        value = value.relative_to(REPO_ROOT) if value.is_relative_to(REPO_ROOT) else value
+    if isinstance(value, dict):
+        value = json.dumps(value)
+    if isinstance(value, bool):
+        value = str(value).lower()
+    return f"`{value}`" if str(value) else '`""`'
+
+
+def config_rows(model: type[BaseModel], prefix: str) -> list[str]:
+    """One README table row per field: variable, default, description."""
+    rows = []
+    for name, field in model.model_fields.items():
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{prefix}{name.upper()}` | {_default(field.default)} | {description} |")
+    return rows
+
+
+def _table_rows(marker: str) -> list[str]:
+    return [line for line in LINES if line.startswith(marker)]
+
+
+def test_every_setting_has_its_row() -> None:
+    expected = config_rows(Settings, ENV_PREFIX) + config_rows(HostConfig, HOST_PREFIX)
+    missing = [row for row in expected if row not in LINES]
+    assert not missing, "README rows missing or out of date (print them: python -m tests.test_readme):\n" + "\n".join(
+        missing
+    )
+
+
+def test_no_row_names_a_setting_that_does_not_exist() -> None:
+    known = {row.split(" | ")[0] for row in config_rows(Settings, ENV_PREFIX) + config_rows(HostConfig, HOST_PREFIX)}
+    scripts = "\n".join(path.read_text() for path in (REPO_ROOT / "scripts").rglob("*.sh"))
+    for row in _table_rows("| `AGENTSTREAM_"):
+        name = row.split(" | ")[0]
+        variable = name.removeprefix("| `").removesuffix("`")
+        assert name in known or variable in scripts, f"README names an unknown setting: {row}"
+
+
+def _metrics() -> dict[str, Any]:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from pipeline import metrics, router
+    from pipeline.gateway import metrics as gateway_metrics
+
+    found = {}
+    for module in (metrics, gateway_metrics, router):
+        for value in vars(module).values():
+            if isinstance(value, MetricWrapperBase):
+                family = value.describe()[0]
+                name = family.name + ("_total" if family.type == "counter" else "")
+                found[name] = (family.type, value._labelnames)
+    return found
+
+
+def test_every_metric_has_its_row() -> None:
+    metrics = _metrics()
+    assert len(metrics) > 20
+    rows = {row.split(" | ")[0].removeprefix("| `").removesuffix("`"): row for row in _table_rows("| `agentstream_")}
+    for name, (kind, labels) in metrics.items():
+        assert name in rows, f"README metrics table has no row for {name}"
+        cells = [cell.strip() for cell in rows[name].split(" | ")]
+        assert cells[1] == kind, rows[name]
+        assert cells[2] == (", ".join(labels) or "-"), rows[name]
+    stale = set(rows) - set(metrics)
+    assert not stale, f"README lists metrics the code does not have: {sorted(stale)}"
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[str, argparse.ArgumentParser]]:
+    subparsers = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not subparsers:
+        return [(" ".join(path), parser)]
+    return [leaf for name, sub in subparsers[0].choices.items() for leaf in _leaves(sub, (*path, name))]
+
+
+def test_every_command_and_option_is_in_the_cli_table() -> None:
+    from pipeline.cli import build_parser
+
+    leaves = _leaves(build_parser())
+    assert len(leaves) >= 14
+    for command, parser in leaves:
+        rows = [row for row in LINES if row.startswith(f"| `agentstream {command}")]
+        assert rows, f"README command table has no row for `agentstream {command}`"
+        cell = rows[0].split(" | ")[0]
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if action.option_strings:
+                assert action.option_strings[-1] in cell, f"{action.option_strings[-1]} missing from: {cell}"
+            elif action.choices:
+                assert all(choice in cell for choice in action.choices), f"{action.choices} missing from: {cell}"
+
+
+def test_exit_codes() -> None:
+    from pipeline import cli
+    from pipeline.capabilities import host
+
+    codes = {0, cli.EXIT_DIFFERENT, cli.EXIT_USAGE, cli.EXIT_KAFKA, cli.EXIT_NOT_FOUND, cli.EXIT_INTERRUPTED}
+    codes.add(host.EXIT_FATAL)
+    for code in codes:
+        assert any(line.startswith(f"| {code} |") for line in LINES), f"README exit code table has no {code}"
+
+
+def test_helm_values_named_in_the_readme_exist() -> None:
+    values = yaml.safe_load((REPO_ROOT / "helm" / "agentstream" / "values.yaml").read_text())
+    # `gateway.enabled`, `--set journal.replicas=N`; not file names such as `router.py`.
+    named = set(re.findall(r"`((?:journal|caller|gateway|router|capabilities|kafka|topics)\.[A-Za-z.]+)`", README))
+    named |= set(re.findall(r"--set ([A-Za-z.]+)=", README))
+    named = {path for path in named if path.rsplit(".", 1)[-1] not in ("py", "md", "yaml", "sh")}
+    assert "journal.replicas" in named
+    for path in named:
+        node: Any = values
+        for part in path.split("."):
+            assert isinstance(node, dict) and part in node, f"README names Helm value {path}, values.yaml has none"
+            node = node[part]
+
+
+def test_set_up_commands_exist() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "make demo" in README and "make test" in README
+    assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+
+
+if __name__ == "__main__":
+    print("| variable | default | meaning |\n|---|---|---|")
+    print("\n".join(config_rows(Settings, ENV_PREFIX)))
+    print("\n| variable | default | meaning |\n|---|---|---|")
+    print("\n".join(config_rows(HostConfig, HOST_PREFIX)))
+    print()
+    for name, (kind, labels) in _metrics().items():
+        print(f"| `{name}` | {kind} | {', '.join(labels) or '-'} |")
