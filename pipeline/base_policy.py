@@ -1,4 +1,4 @@
-"""The shipped base policy every agent is born with (CONTRACT §5).
+"""The shipped base policy every agent is born with (docs/behaviour.md §5).
 
 It is appended keyed `agent/system-prompt` with the idempotency key below. Changing the text
 means bumping REVISION: the new occurrence then updates the slot while the journal keeps both.

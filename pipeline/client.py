@@ -1,4 +1,4 @@
-"""The client API over confluent-kafka (CONTRACT §5).
+"""The client API over confluent-kafka (docs/behaviour.md §5).
 
     client = Client()                      # settings from AGENTSTREAM_* environment variables
     agent = client.agents.create()         # appends agent/created and the base policy

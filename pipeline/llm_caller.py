@@ -2,7 +2,7 @@
 
 Consumes the records the journal processor writes to `llm-requests` (keyed by stream path, one
 JSON `LlmRequestRecord` each), calls the provider through the openai SDK, and appends the outcome
-to the stream through `pipeline.client.Client` (CONTRACT §4.3, §4.4, §4.5). What to append for
+to the stream through `pipeline.client.Client` (docs/behaviour.md §4.3, §4.4, §4.5). What to append for
 each outcome is decided by the pure `processors.llm_outcomes`.
 
 Concurrency. Everything runs on one asyncio loop. Many streams are in flight at once (at most
@@ -330,7 +330,7 @@ class LlmCaller:
         self._openai = AsyncOpenAI(
             base_url=settings.llm_base_url,
             api_key=settings.openai_api_key or "agentstream-local",
-            max_retries=0,  # retries are the journal's business (CONTRACT §4.3)
+            max_retries=0,  # retries are the journal's business (docs/behaviour.md §4.3)
             timeout=settings.llm_timeout_s,
         )
         self._consumer = AIOKafkaConsumer(
@@ -508,7 +508,7 @@ class LlmCaller:
             if time.time() * 1000 >= record.expiresAt:
                 return Result("expired")
             started = time.monotonic()
-            # Past expiresAt the journal settles the request as expired (CONTRACT §4.3); a call still
+            # Past expiresAt the journal settles the request as expired (docs/behaviour.md §4.3); a call still
             # running then could only append a stale outcome (a failure would journal an error item
             # saying it retries), so it stops there and appends nothing.
             loop = asyncio.get_running_loop()

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from rocksdict import AccessType, MemtableFactory, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 from tqdm import tqdm
 
 from pipeline import heap
@@ -166,13 +166,15 @@ def _consumer(client_config: dict[str, Any]) -> Consumer:
 
 
 def _open_output(path: Path) -> Rdict:
-    """A replay output database: no write-ahead log (see the module docstring), and a memtable
-    that takes rows unsorted (written, never read, until closed: it sorts once when flushed)."""
+    """A replay output database, written without the write-ahead log (see the module docstring).
+
+    Only write options differ from the live store's: RocksDB persists column-family options (an
+    unsorted "vector" memtable would take rows faster, but every later read-write open of the
+    database with ordinary options would then fail).
+    """
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_write_buffer_size(16 << 20)  # full memtables are flushed in the background while folding
-    options.set_allow_concurrent_memtable_write(False)
-    options.set_memtable_factory(MemtableFactory.vector())
     db = Rdict(str(path), options=options)
     write_options = WriteOptions()
     write_options.disable_wal = True

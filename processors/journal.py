@@ -1,4 +1,4 @@
-"""Journaling one append command (CONTRACT §1): pure decisions, no Kafka.
+"""Journaling one append command (docs/behaviour.md §1): pure decisions, no Kafka.
 
 Given a stream's state, a command and a way to read existing rows, decide: journal it (assigning
 the next gapless offset and `createdAt`), recognise it as a duplicate, or reject it with a reason.

@@ -1,4 +1,4 @@
-"""What the LLM caller appends for each outcome of a call (CONTRACT §4.3, §4.4, §4.5): pure decisions.
+"""What the LLM caller appends for each outcome of a call (docs/behaviour.md §4.3, §4.4, §4.5): pure decisions.
 
 No Kafka, no HTTP: given a request and what the provider did, return the append commands in the
 order they must be journaled. Every command carries an idempotency key derived from the request
@@ -36,7 +36,7 @@ class Append:
         return {"type": self.type, "payload": self.payload, "idempotencyKey": self.idempotencyKey}
 
 
-# --- idempotency keys (CONTRACT §4.3: derived from the request offset) -----------------------------
+# --- idempotency keys (docs/behaviour.md §4.3: derived from the request offset) -----------------------------
 
 
 def assistant_key(request_offset: int) -> str:
@@ -168,7 +168,7 @@ def _file_hint(file: Mapping[str, Any]) -> str:
 
 def provider_messages(messages: list[Message]) -> list[dict[str, str]]:
     """The request's messages as sent: role and content as given (the processor already mapped
-    roles for the transport, CONTRACT §3.2), plus one hint line per attached file (the chat API has
+    roles for the transport, docs/behaviour.md §3.2), plus one hint line per attached file (the chat API has
     no `files` field)."""
     out: list[dict[str, str]] = []
     for message in messages:
@@ -180,7 +180,7 @@ def provider_messages(messages: list[Message]) -> list[dict[str, str]]:
 
 
 def compaction_messages(messages: list[Message], transport: Transport) -> list[dict[str, str]]:
-    """Request R's messages exactly, plus the trailing summary instruction (CONTRACT §4.5), whose
+    """Request R's messages exactly, plus the trailing summary instruction (docs/behaviour.md §4.5), whose
     `developer` role becomes `system` on an openai-compatible transport (§3.2)."""
     role = "developer" if transport == "openai" else "system"
     return [*provider_messages(messages), {"role": role, "content": COMPACTION_INSTRUCTION}]
@@ -379,7 +379,7 @@ def failed(request_offset: int, attempt: int, max_attempts: int, error: str) -> 
 
 
 def cancelled(request_offset: int, partial: str) -> list[Append]:
-    """An interrupted call (CONTRACT §4.4): the partial output (if any) as an assistant item that
+    """An interrupted call (docs/behaviour.md §4.4): the partial output (if any) as an assistant item that
     answers no request, then the cancelled settlement."""
     appends: list[Append] = []
     result: dict[str, Any] = {"status": "cancelled", "reason": "interrupted-by-user-input"}
@@ -414,7 +414,7 @@ def compacted(
     usage: dict[str, int] | None,
     call: SummaryCall | None = None,
 ) -> list[Append]:
-    """The compaction summary item (CONTRACT §4.5); `call`: the summary call, if it left history out."""
+    """The compaction summary item (docs/behaviour.md §4.5); `call`: the summary call, if it left history out."""
     left_out = _left_out(call) if call is not None else ""
     content = (
         f"[Earlier conversation history was compacted through @{request_offset} "

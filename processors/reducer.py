@@ -1,4 +1,4 @@
-"""The reducer: (agent state, journal event) -> agent state. CONTRACT §2 and the state parts of §4.
+"""The reducer: (agent state, journal event) -> agent state. docs/behaviour.md §2 and the state parts of §4.
 
 The state is updated in place for speed (no lane is ever copied per event); the result is still a
 pure function of the journal: the same events in the same order always give the same state.
@@ -30,7 +30,7 @@ from schemas.events import (
 
 SYSTEM_PROMPT_KEY = "agent/system-prompt"
 
-# Developer items from these actors are external input (CONTRACT §4.1); other developer items are
+# Developer items from these actors are external input (docs/behaviour.md §4.1); other developer items are
 # agent-loop feedback. Script results are agent-loop even though they render as provider user.
 EXTERNAL_DEVELOPER_ACTORS = frozenset({"user", "integration", "slack", "telegram", "email", "github"})
 

@@ -1,4 +1,4 @@
-"""The renderer: agent state -> provider messages (CONTRACT §3).
+"""The renderer: agent state -> provider messages (docs/behaviour.md §3).
 
 Rendering is provider-neutral until the last step: each cell renders once to a (neutral role,
 content) pair, cached on the cell (cells are replaced, never edited, so the cache cannot go stale),

@@ -1,4 +1,4 @@
-"""Turn scheduling decisions (CONTRACT §4.2, §4.3): pure functions of (state, now).
+"""Turn scheduling decisions (docs/behaviour.md §4.2, §4.3): pure functions of (state, now).
 
 `decide` says which command the scheduler should append now, if any, and when to look again.
 The journal processor turns a decision into an append command (through agent-appends, like every

@@ -1,4 +1,4 @@
-"""Agent configuration (CONTRACT §4.7) and the strict partial patch that `agent/configured` carries."""
+"""Agent configuration (docs/behaviour.md §4.7) and the strict partial patch that `agent/configured` carries."""
 
 from __future__ import annotations
 

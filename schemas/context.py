@@ -1,4 +1,4 @@
-"""The context item (CONTRACT §1.2): the payload of `context-added`.
+"""The context item (docs/behaviour.md §1.2): the payload of `context-added`.
 
 Every model here is strict about unknown fields (`extra="forbid"`): an unexpected field such as
 `order` makes the whole payload invalid rather than being silently dropped.

@@ -1,4 +1,4 @@
-"""Journal events (CONTRACT §1, §1.1): payloads, the journaled envelope and the append command.
+"""Journal events (docs/behaviour.md §1, §1.1): payloads, the journaled envelope and the append command.
 
 One typed envelope class exists per consumed event type, generated from its payload model, so the
 whole event validates in one pass from JSON bytes. Types the agent does not consume validate as
@@ -126,7 +126,7 @@ CONSUMED_TYPES = frozenset(PAYLOAD_MODELS)
 
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=512)]
 
-# --- who may write what (CONTRACT §5.1) ----------------------------------------------------------
+# --- who may write what (docs/behaviour.md §5.1) ----------------------------------------------------------
 
 WORKER_ONLY_TYPES = frozenset({LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED})
 CAPABILITY_HOST_PREFIX = "events.iterate.com/capability-host/"

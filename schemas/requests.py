@@ -1,7 +1,7 @@
 """Records of the `llm-requests` topic: what the journal processor asks the LLM caller to do.
 
 Keyed by stream path. The processor renders a request's messages once, when the request opens
-(CONTRACT §3: from the projection at offset R), so the caller never folds anything.
+(docs/behaviour.md §3: from the projection at offset R), so the caller never folds anything.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from schemas.events import StreamPath
 
 Transport = Literal["openai", "openai-compatible"]
 
-# Size limits of one record (CONTRACT §3). The renderer keeps a request's `messages` (UTF-8 JSON)
+# Size limits of one record (docs/behaviour.md §3). The renderer keeps a request's `messages` (UTF-8 JSON)
 # within a budget of at most MAX_MESSAGES_BYTES, so a call or compact record of any projection fits
 # MAX_RECORD_BYTES: the envelope around the messages (kind, a stream path of at most 512 characters,
 # the model name, numbers) and Kafka's per-record overhead take far less than the margin.

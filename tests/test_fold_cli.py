@@ -1,4 +1,4 @@
-"""`agentstream fold` (the real installed command) on journal dumps: CONTRACT §1, §2, §3, §4 state.
+"""`agentstream fold` (the real installed command) on journal dumps: docs/behaviour.md §1, §2, §3, §4 state.
 
 Each test name starts with the contract rule it checks."""
 

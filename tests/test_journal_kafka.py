@@ -1,4 +1,4 @@
-"""Integration: the journal processor against the real local broker (CONTRACT §1, §5; DESIGN dataflow)."""
+"""Integration: the journal processor against the real local broker (docs/behaviour.md §1, §5; docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ through the backlog its downtime left, so rows, acknowledgements and changelog r
 flight. Each content is unique ("s07#123|" plus filler: items of a few kilobytes make the changelog
 bursts span several produce requests, as real ones do).
 
-The assertions are on the journal, the source of truth (DESIGN: at-least-once delivery +
+The assertions are on the journal, the source of truth (docs/architecture.md: at-least-once delivery +
 idempotence, proven by kill tests):
 - every stream's offsets are gapless 1..n, in journal order, and follow the order of sending;
 - every append is journaled exactly once (by content) and nothing else is journaled;

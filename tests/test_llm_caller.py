@@ -1,5 +1,5 @@
 """Integration: the LLM caller worker against the real local broker and the scripted provider
-(CONTRACT §3.2, §4.3, §4.4, §4.5). No mocks: records go into a real `llm-requests` topic, the caller
+(docs/behaviour.md §3.2, §4.3, §4.4, §4.5). No mocks: records go into a real `llm-requests` topic, the caller
 calls a real HTTP server through the openai SDK, and the tests read the append commands it wrote to
 `agent-appends` (the journal worker is not needed for that).
 

@@ -1,4 +1,4 @@
-"""Property tests on random, realistic journals: CONTRACT §2 (projection) and §3 (rendering).
+"""Property tests on random, realistic journals: docs/behaviour.md §2 (projection) and §3 (rendering).
 
 The strategy builds mixed journals with `tests.journal.Journal`: keyed and unkeyed items in both
 lanes, every role and actor form, requests, answers (to the open request or not), settlements,

@@ -1,4 +1,4 @@
-"""CONTRACT §2 (the projection) and the state parts of §4 (turn bookkeeping), rule by rule."""
+"""docs/behaviour.md §2 (the projection) and the state parts of §4 (turn bookkeeping), rule by rule."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CONTRACT §3: request rendering (header, actors, refs, provider roles, transports, messages)."""
+"""docs/behaviour.md §3: request rendering (header, actors, refs, provider roles, transports, messages)."""
 
 from __future__ import annotations
 

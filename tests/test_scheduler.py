@@ -1,4 +1,4 @@
-"""Scheduler decisions (CONTRACT §4.2, §4.3): pure functions of (state, now)."""
+"""Scheduler decisions (docs/behaviour.md §4.2, §4.3): pure functions of (state, now)."""
 
 from __future__ import annotations
 

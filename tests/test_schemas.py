@@ -1,4 +1,4 @@
-"""CONTRACT §1 / §1.1 / §1.2: journal events, the context item, validation and its error messages."""
+"""docs/behaviour.md §1 / §1.1 / §1.2: journal events, the context item, validation and its error messages."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""End to end: turns on the real broker (CONTRACT §4), with the journal worker and the LLM caller
+"""End to end: turns on the real broker (docs/behaviour.md §4), with the journal worker and the LLM caller
 running as real processes (`agentstream worker journal|caller`) and the scripted OpenAI-compatible
 server answering.
 
 The assertions are on the journal (the source of truth) and on what the provider received: every
 request the server got must be exactly `render_messages` of the fold through its
 `llm-request-requested` event R, on the `openai-compatible` transport, with R's createdAt as the
-trailing timestamp (CONTRACT §3).
+trailing timestamp (docs/behaviour.md §3).
 
 One stack (isolated topics, one journal worker, one caller) and one scripted server serve the whole
 module; each test has its own agent and its own tag. The server routes by tag: a test queues

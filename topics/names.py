@@ -20,7 +20,7 @@ LLM_REQUESTS_MAX_MESSAGE_BYTES = MAX_RECORD_BYTES
 @dataclass(frozen=True, slots=True)
 class TopicNames:
     appends: str
-    internal_appends: str  # commands only the workers write (CONTRACT §5.1); ACLs can restrict it
+    internal_appends: str  # commands only the workers write (docs/behaviour.md §5.1); ACLs can restrict it
     journal: str
     llm_requests: str
     dlq: str

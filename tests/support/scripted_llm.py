@@ -1,7 +1,7 @@
 """A scripted, deterministic OpenAI-compatible chat server for tests and benchmarks.
 
 openai 3.x talks through ``httpx2``, so tests run the real SDK against a real local HTTP server
-instead of mocking the transport (DESIGN, "Known traps").
+instead of mocking the transport (docs/architecture.md).
 
 Serves, on 127.0.0.1 and an ephemeral port by default:
 
