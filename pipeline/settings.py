@@ -26,6 +26,7 @@ from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.requests import MAX_MESSAGES_BYTES
 
 ENV_PREFIX = "AGENTSTREAM_"
+WINDOW_FLOOR_BYTES = 4096
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -244,11 +245,12 @@ class Settings(BaseModel):
         return RenderBudget(request, min(self.llm_request_item_max_bytes, request))
 
     def render_budget_for(self, model: str) -> RenderBudget:
-        """The budget of one request to `model`: an item over half its context window (at ~4 bytes a
-        token) is cut with a notice, so one huge item can never keep every request over the window."""
+        """The budget of one request to `model`: a history item larger than its context window (at
+        ~4 bytes a token) is cut with a notice, so one huge item cannot keep every request over the
+        window. The system lane keeps the general cap; no real window is below 4 KiB."""
         budget = self.render_budget
-        window_item = max(MIN_ITEM_BYTES, self.context_tokens(model) * 2)
-        return RenderBudget(budget.request_bytes, min(budget.item_bytes, window_item))
+        window_bytes = max(WINDOW_FLOOR_BYTES, self.context_tokens(model) * 4)
+        return RenderBudget(budget.request_bytes, budget.item_bytes, min(budget.item_bytes, window_bytes))
 
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)

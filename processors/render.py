@@ -165,6 +165,13 @@ class RenderBudget:
 
     request_bytes: int = DEFAULT_REQUEST_BYTES  # the whole `messages` array
     item_bytes: int = DEFAULT_ITEM_BYTES  # one item's content, as a JSON string
+    # One history item's content: at most `item_bytes`; smaller for a model whose context window
+    # is smaller (an item larger than the window is cut, so it cannot keep every request over it).
+    history_item_bytes: int | None = None
+
+    @property
+    def history_cap(self) -> int:
+        return self.item_bytes if self.history_item_bytes is None else min(self.item_bytes, self.history_item_bytes)
 
     def __post_init__(self) -> None:
         if not MIN_REQUEST_BYTES <= self.request_bytes <= MAX_MESSAGES_BYTES:
@@ -306,7 +313,7 @@ def render_messages(
     bound = 1 + len(messages) * (_MESSAGE_BYTES + 1) + files_bytes
     bound += _MAX_BYTES_PER_CHAR * (chars + len(CONTEXT_PROTOCOL) + sum(len(m["content"]) for m in tail))
     if bound <= budget.request_bytes:
-        item_limit = (budget.item_bytes - 2) // _MAX_BYTES_PER_CHAR  # characters surely within the item cap
+        item_limit = (budget.history_cap - 2) // _MAX_BYTES_PER_CHAR  # characters surely within every item cap
         items = itertools.islice(messages, 1, len(messages) - len(tail))
         if chars <= item_limit or max(map(len, map(_CONTENT, items)), default=0) <= item_limit:
             return messages
@@ -328,7 +335,7 @@ def _fit(
     room = budget.request_bytes - 1 - _cost(head) - sum(_cost(m) for m in tail)
     system_cells, history_cells = state.system.cells, state.history.cells
     system = [_item_message(cell, transport, budget.item_bytes) for cell in system_cells]
-    history = [_item_message(cell, transport, budget.item_bytes) for cell in history_cells]
+    history = [_item_message(cell, transport, budget.history_cap) for cell in history_cells]
     system_cost = sum(_cost(m) for m in system)
     costs = [_cost(m) for m in history]
     remaining = sum(costs)

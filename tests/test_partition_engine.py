@@ -355,9 +355,10 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
     keep every request, and every summary of it, over the window."""
     from pipeline.settings import Settings
 
-    settings = Settings.from_env({}, llm_context_tokens={"small": 1000})
-    assert settings.render_budget_for("small").item_bytes == 2000
-    assert settings.render_budget_for("other").item_bytes == 2 * settings.llm_default_context_tokens
+    settings = Settings.from_env({}, llm_context_tokens={"small": 1500, "tiny": 10})
+    assert settings.render_budget_for("small").history_cap == 6000
+    assert settings.render_budget_for("tiny").history_cap == 4096
+    assert settings.render_budget_for("other").history_cap == 4 * settings.llm_default_context_tokens
 
     async def scenario() -> None:
         h = Harness()
@@ -369,7 +370,7 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
         await h.settle()
         (record,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.llm_requests)]
         (item,) = [m for m in record["messages"] if m["role"] == "user"]
-        assert len(item["content"].encode()) <= 2000
+        assert len(item["content"].encode()) <= 6000
         assert "Item @2 was cut to fit the request" in item["content"]
 
     run(scenario())

@@ -31,6 +31,7 @@ import orjson
 import pytest
 
 from pipeline.client import Agent, Stream
+from pipeline.settings import Settings
 from processors.llm_outcomes import INTERRUPTED_PREFIX
 from processors.reducer import epoch_ms, fold_all
 from processors.render import DEFAULT_BUDGET, TIMESTAMP_PREFIX, render_messages, turn_json
@@ -64,7 +65,9 @@ from tests.support.scripted_llm import (
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 MODEL = "scripted"
+WIDE_MODEL = "scripted-wide"  # the default context window (128k tokens): items up to the general cap
 CONTEXT_TOKENS = 200  # the scripted model's window: the compaction threshold is floor(200 * 0.5) = 100
+BUDGETS = Settings.from_env({}, llm_context_tokens={MODEL: CONTEXT_TOKENS})  # render budgets per model
 SMALL_USAGE = (20, 5)  # 25 tokens: below the threshold
 TRANSPORT = "openai-compatible"
 WAIT = 30.0  # seconds to wait for something the system does at once
@@ -182,7 +185,8 @@ def rendered(events: list[Any], request: int) -> list[dict[str, Any]]:
     """§3: the messages of request R: the fold through R, R's createdAt as the timestamp."""
     (event,) = [e for e in events if e.offset == request]
     assert event.type == LLM_REQUEST_REQUESTED
-    return render_messages(state_through(events, request), TRANSPORT, event.createdAt)
+    budget = BUDGETS.render_budget_for(event.payload.model)  # as the worker renders for that model
+    return render_messages(state_through(events, request), TRANSPORT, event.createdAt, budget)
 
 
 def call_records(stack: Stack, path: str) -> list[dict[str, Any]]:
@@ -850,7 +854,10 @@ def test_items_larger_than_the_window_are_cut_and_the_request_still_publishes(ki
     tag = new_tag()
     quiet = {"llmRequestPolicy": {"behaviour": "dont-trigger-request"}}
     agent = stack.client.agents.create()
-    first, second = append_all(agent, user("a" * 600_000, **quiet), user("b" * 600_000, **quiet))
+    append_all(agent, configured(llm={"model": WIDE_MODEL}))
+    first, second, third = append_all(
+        agent, user("a" * 600_000, **quiet), user("b" * 600_000, **quiet), user("c" * 600_000, **quiet)
+    )
     (question,) = append_all(agent, user(f"{tag} and now a normal question"))
     events = journal_until(agent, settled_count(1), "the turn", timeout=60)
     (requested,) = of(events, LLM_REQUEST_REQUESTED)
@@ -863,10 +870,11 @@ def test_items_larger_than_the_window_are_cut_and_the_request_still_publishes(ki
     assert 1_048_576 < len(raw) <= MAX_RECORD_BYTES  # over the old producer limit, within the topic's
     messages = orjson.loads(raw)["messages"]
     assert messages == rendered(events, requested.offset)
-    for offset, message in ((first, messages[2]), (second, messages[3])):
+    cap = BUDGETS.render_budget_for(WIDE_MODEL).history_cap  # the model's window: 128k tokens
+    for offset, message in ((first, messages[2]), (second, messages[3]), (third, messages[4])):
         assert message["content"].startswith(f"@{offset} actor=user:cli\n")
         assert message["content"].endswith(f"The journal keeps it whole at @{offset}.]")
-        assert len(message["content"].encode()) <= DEFAULT_BUDGET.item_bytes
+        assert len(message["content"].encode()) <= cap <= DEFAULT_BUDGET.item_bytes
     (request,) = received(llm, tag)
     assert request.body["messages"] == messages
 
