@@ -17,4 +17,4 @@ lint:
 
 bench:
 	.venv/bin/python bench/reduce.py
-	.venv/bin/python bench/pipeline.py
+	.venv/bin/python bench/journal.py

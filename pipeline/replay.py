@@ -41,7 +41,6 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 from tqdm import tqdm
 
-from pipeline import heap
 from pipeline.agent_command import check_path
 from pipeline.client import consume_ready, watermarks
 from pipeline.partitioner import partition_for
@@ -55,7 +54,6 @@ EXIT_DIFFERENT = 1
 MARKER = ".agentstream-replay"  # in every directory replay created: only those may be overwritten
 FAUST_OFFSET_KEY = b"__faust\0offset__"  # Faust's own row in the live store (its changelog offset)
 BATCH = 10_000  # records per consume call, and at most per write batch
-SETTLE_EVENTS = 50_000  # events folded between two GC settles (see `_folding_gc`)
 
 
 class ReplayRefused(ValueError):
@@ -213,18 +211,18 @@ def _write(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
 
 @contextlib.contextmanager
 def _folding_gc() -> Iterator[None]:
-    """Replay's garbage-collector policy: no automatic collections while folding.
+    """Replay's garbage-collector policy: no collections while folding.
 
     The projections hold no reference cycles (`pipeline.heap`), so CPython's collections would
-    only rescan them, again and again as they grow; `replay_partition` settles instead (one young
-    collection and a freeze) every `SETTLE_EVENTS` events.
+    only scan them, again and again as they grow (the worker freezes them instead; a batch job
+    need not scan them at all). The rare cycle (an invalid record's exception) is collected once
+    replay is done.
     """
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.unfreeze()  # what replay froze is garbage now; let the collector see it again
         if enabled:
             gc.enable()
 
@@ -253,7 +251,6 @@ def replay_partition(
     """
     fold = PartitionFold(task.partition)
     only_key = None if only_path is None else only_path.encode()
-    settled = 0
     if task.high > task.low:
         consumer.assign([TopicPartition(topic, task.partition, task.low)])
         position = task.low
@@ -264,18 +261,18 @@ def replay_partition(
             if not messages:
                 continue
             position = messages[-1].offset() + 1
-            records: list[Record] = [
-                (message.offset(), message.value(), message.headers())
-                for message in messages
-                if only_key is None or message.key() == only_key
-            ]
+            if only_key is not None:
+                records: list[Record] = [
+                    (message.offset(), message.value(), message.headers())
+                    for message in messages
+                    if message.key() == only_key
+                ]
+            else:
+                records = [(message.offset(), message.value(), message.headers()) for message in messages]
             fold.fold(records)
             staged = fold.take()
             if staged:
                 _write(db, staged)
-            if fold.folded - settled >= SETTLE_EVENTS:
-                heap.settle()
-                settled = fold.folded
             report(len(messages))
     db.flush(wait=False)
     return fold.folded, list(fold.streams)
@@ -290,8 +287,10 @@ def replay(
 ) -> ReplayStats:
     """Fold agent-journal (every stream, or one) into fresh rows under `out_dir`.
 
-    With `jobs` > 1 the partitions are replayed by that many processes (each partition's rows are
-    their own database, and one process folds a partition from start to end).
+    With `jobs` > 1, `jobs - 1` helper processes replay partitions beside this one (each
+    partition's rows are their own database; one process folds a partition from start to end).
+    They are started with multiprocessing's "spawn" method, so a script calling this with
+    jobs > 1 needs the usual `if __name__ == "__main__":` guard.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
@@ -299,48 +298,58 @@ def replay(
     prepare_out_dir(out_dir, settings.data_dir)
     stats = ReplayStats()
     started = time.monotonic()
-    consumer: Consumer | None = _consumer(settings.kafka_client_config())
-    pool: _Pool | None = None
+    consumer = _consumer(settings.kafka_client_config())
+    helpers: _Helpers | None = None
     outputs = _Outputs(out_dir)
     try:
         partitions = _journal_partitions(consumer, names.journal)
         if only_path is not None:
             partitions = [partition_for(only_path, len(partitions))]
-        if jobs > 1 and len(partitions) > 1:
-            # Started first: their interpreters start up while the journal's ends are read.
-            pool = _Pool(min(jobs, len(partitions)), settings.kafka_client_config(), names.journal, out_dir, only_path)
+        if min(jobs, len(partitions)) > 1:
+            # Started first: their interpreters start up while the journal's ends are read, and
+            # this process, which is up already, takes the largest partition.
+            helpers = _Helpers(
+                min(jobs, len(partitions)) - 1, settings.kafka_client_config(), names.journal, out_dir, only_path
+            )
         tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(names.journal, p))) for p in partitions]
         total = sum(task.high - task.low for task in tasks)
         with tqdm(total=total, unit="ev", desc="replay", disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
-            if pool is not None:
-                consumer.close()  # the workers read; this process shows progress
-                consumer = None
-                for events, streams in pool.run(tasks, bar.update):
+
+            def report(consumed: int) -> None:
+                bar.update(consumed)
+                if helpers is not None:
+                    helpers.poll(bar.update)  # their progress (and failures) between two of our batches
+
+            if helpers is not None:
+                helpers.hand_out(tasks)
+            with _folding_gc():
+                for task in iter(helpers.take, None) if helpers is not None else tasks:
+                    db = outputs.create(task.partition)
+                    events, streams = replay_partition(consumer, names.journal, task, db, only_path, report)
                     stats.events += events
                     stats.streams.update(streams)
-            else:
-                with _folding_gc():
-                    for task in tasks:
-                        db = outputs.create(task.partition)
-                        events, streams = replay_partition(consumer, names.journal, task, db, only_path, bar.update)
-                        stats.events += events
-                        stats.streams.update(streams)
-                    outputs.close()
+                outputs.close()
+            if helpers is not None:
+                for events, streams in helpers.wait(bar.update):
+                    stats.events += events
+                    stats.streams.update(streams)
     finally:
         outputs.close()
-        if consumer is not None:
-            consumer.close()
-        if pool is not None:
-            pool.close()
+        consumer.close()
+        if helpers is not None:
+            helpers.close()
     stats.seconds = time.monotonic() - started
     return stats
 
 
-class _Pool:
-    """Processes that replay partitions taken from a shared queue (largest first) and report
-    progress, results and failures on another queue."""
+class _Helpers:
+    """Processes that replay partitions beside this one.
 
-    def __init__(self, size: int, client_config: dict[str, Any], topic: str, out_dir: Path, only_path: str | None):
+    Partitions are handed out through a shared queue, largest first, to the helpers and to this
+    process alike; helpers report progress, results and failures on another queue.
+    """
+
+    def __init__(self, count: int, client_config: dict[str, Any], topic: str, out_dir: Path, only_path: str | None):
         context = multiprocessing.get_context("spawn")  # never fork a process that holds librdkafka threads
         self.tasks: multiprocessing.Queue[PartitionTask | None] = context.Queue()
         self.reports: multiprocessing.Queue[tuple[Any, ...]] = context.Queue()
@@ -351,45 +360,70 @@ class _Pool:
                 name=f"agentstream-replay-{number}",
                 daemon=True,
             )
-            for number in range(size)
+            for number in range(count)
         ]
         for process in self.processes:
             process.start()
-        self.finished = False
+        self.results: list[tuple[int, list[str]]] = []
+        self.expected = 0  # partitions the helpers took
 
-    def run(self, tasks: list[PartitionTask], report: Callable[[int], None]) -> Iterator[tuple[int, list[str]]]:
+    def hand_out(self, tasks: list[PartitionTask]) -> None:
+        """Queue `tasks`, largest first, for the helpers and this process (`take`)."""
         for task in sorted(tasks, key=lambda task: task.high - task.low, reverse=True):
             self.tasks.put(task)
-        for _ in self.processes:
-            self.tasks.put(None)
-        remaining = len(tasks)
-        while remaining:
+        for _ in range(len(self.processes) + 1):
+            self.tasks.put(None)  # one end marker for every taker, this process included
+        self.expected = len(tasks)
+
+    def take(self) -> PartitionTask | None:
+        """This process's next partition to replay; None once all are taken."""
+        while True:
             try:
-                message = self.reports.get(timeout=0.5)
+                task = self.tasks.get(timeout=0.5)
             except queue.Empty:
-                for process in self.processes:
-                    if process.exitcode not in (None, 0):
-                        raise RuntimeError(
-                            f"replay worker {process.name} exited with code {process.exitcode}"
-                        ) from None
+                self._check()  # a helper that died holding the queue's lock would block us forever
                 continue
+            if task is not None:
+                self.expected -= 1
+            return task
+
+    def poll(self, report: Callable[[int], None], timeout: float | None = None) -> None:
+        """Take what the helpers reported so far (waiting up to `timeout` for a first report)."""
+        while True:
+            try:
+                message = self.reports.get(timeout=timeout) if timeout is not None else self.reports.get_nowait()
+            except queue.Empty:
+                return
+            timeout = None
             kind = message[0]
             if kind == "progress":
                 report(message[1])
             elif kind == "done":
-                remaining -= 1
-                yield message[1], message[2]
+                self.results.append((message[1], message[2]))
             else:
                 raise pickle.loads(message[1])
-        self.finished = True
+
+    def wait(self, report: Callable[[int], None]) -> list[tuple[int, list[str]]]:
+        """The helpers' results, once every partition they took is replayed."""
+        while len(self.results) < self.expected:
+            self.poll(report, timeout=0.5)
+            if len(self.results) < self.expected:
+                self._check()
+        return self.results
+
+    def _check(self) -> None:
+        for process in self.processes:
+            if process.exitcode not in (None, 0):
+                self.poll(lambda _: None)  # its own report of what went wrong, if it sent one
+                raise RuntimeError(f"replay worker {process.name} exited with code {process.exitcode}")
 
     def close(self) -> None:
-        if not self.finished:
-            # Interrupted or failed: stop the others now. Their half-written databases are rebuilt
-            # from scratch by the next replay into this directory.
-            for process in self.processes:
-                if process.is_alive():
-                    process.terminate()
+        # Finished: every partition's rows are on disk, so a helper still alive has nothing left to
+        # do (it may still be starting up). Interrupted or failed: stop them now; their half-written
+        # databases are rebuilt from scratch by the next replay into this directory.
+        for process in self.processes:
+            if process.is_alive():
+                process.terminate()
         for process in self.processes:
             process.join(10)
             if process.is_alive():

@@ -4,13 +4,11 @@ The rows are exactly those `PartitionEngine.catch_up` stores for the same record
 store (same decoding, same reducer, same row encodings from `processors.rows`; the unit tests
 check the two against each other and against the live path). Two things make it cheaper:
 
-- one JSON parse per record. The idempotency row needs the digest of the event's raw payload
-  (`processors.journal.payload_hash`), which the engine gets by parsing the record a second time.
-  A record that carries an idempotency key is parsed once with orjson instead and validated from
-  that dict, so the digest hashes the very value the engine's second parse would produce. Hashing
-  the validated payload model instead would not be byte-identical: validation coerces
+- the cheapest exact decoding per record (see `decode_record`). The idempotency row needs the
+  digest of the event's raw payload (`processors.journal.payload_hash`); hashing the validated
+  payload model dumped again would not be byte-identical: validation coerces
   (`compactionTriggerFraction: 1` becomes `1.0`), and a different digest turns a retried command
-  into an idempotency conflict. Records without a key go through `decode_event` itself.
+  into an idempotency conflict. So the digest always hashes the parsed JSON payload.
 - rows are encoded once per batch, not once per event. The reducer records which item rows an
   event changed (`state.changes`); the fold drains them, with the metadata row of every stream
   the batch touched, when the batch is taken. An item replaced or dropped within a batch is
@@ -49,7 +47,8 @@ log = logging.getLogger("agentstream.replay")
 Record = tuple[int, bytes, Sequence[tuple[str, bytes]] | None]
 Event = JournalEvent | InvalidPayloadEvent
 
-_KEY_FIELD = b'"idempotencyKey"'  # as orjson writes it; an escaped spelling takes the engine's path
+_TYPE_FIELD = b'"type":"'  # the envelope's third field as the worker writes it (streamPath holds no quote)
+_CONSUMED = frozenset(event_type.encode() for event_type in CONSUMED_TYPES)
 # The adapters of `decode_event`, over the same models.
 _typed_events: TypeAdapter[Any] = TypeAdapter(
     Annotated[Union[tuple(TYPED_EVENTS.values())], Field(discriminator="type")]  # noqa: UP007
@@ -72,12 +71,17 @@ def decode_parsed(envelope: dict[str, Any]) -> Event:
 
 
 def decode_record(value: bytes) -> tuple[Event, str | None]:
-    """The event of a journal record and, if it has an idempotency key, its payload digest.
+    """The event of a journal record and, if it has an idempotency key, its payload digest:
+    `payload_hash(event.type, <the raw payload>)`, byte for byte the engine's and the live path's.
+    Raises `EnvelopeError` where `decode_event` does.
 
-    Raises `EnvelopeError` where `decode_event` does. The digest equals the engine's
-    `payload_hash(event.type, orjson.loads(value)["payload"])`, computed without a second parse.
+    Each record is parsed by the cheapest exact route (measured): an event type the agent consumes
+    is validated straight from the bytes, and only a keyed one is parsed again for its digest
+    (validating a typed payload from a parsed dict costs more than that second parse saves). Any
+    other type is parsed once and validated from the dict, where `decode_event` parses it twice
+    (typed, then as `OtherEvent`) and a keyed one a third time for the digest.
     """
-    if _KEY_FIELD in value:
+    if _sniffed_type(value) not in _CONSUMED:
         try:
             parsed = orjson.loads(value)
         except orjson.JSONDecodeError:
@@ -92,7 +96,18 @@ def decode_record(value: bytes) -> tuple[Event, str | None]:
     event = decode_event(value)
     if event.idempotencyKey is None:
         return event, None
-    return event, payload_hash(event.type, orjson.loads(value)["payload"])  # the engine's way (rare)
+    return event, payload_hash(event.type, orjson.loads(value)["payload"])
+
+
+def _sniffed_type(value: bytes) -> bytes | None:
+    """The event type, read off the bytes without parsing: it only picks the route, so a record
+    laid out otherwise is decoded exactly all the same."""
+    start = value.find(_TYPE_FIELD)
+    if start < 0:
+        return None
+    start += len(_TYPE_FIELD)
+    end = value.find(b'"', start)
+    return None if end < 0 else value[start:end]
 
 
 def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, int, str | None]:
@@ -109,12 +124,16 @@ def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, 
 
 
 class _Stream:
-    __slots__ = ("path", "sources", "state")
+    __slots__ = ("appends", "internal", "path", "state")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.state = AgentState(stream_path=path, changes={})
-        self.sources = SourceOffsets()
+        # `SourceOffsets` as two counters: the frozen value is built once per batch, for the metadata row.
+        self.appends = self.internal = -1
+
+    def sources(self) -> SourceOffsets:
+        return SourceOffsets(self.appends, self.internal)
 
 
 class PartitionFold:
@@ -154,9 +173,10 @@ class PartitionFold:
             if isinstance(event, InvalidPayloadEvent):
                 log.error("journal @%d of %s has an invalid payload (skipped): %s", event.offset, path, event.reason)
             fold(state, event)
-            sources = stream.sources
-            if source_offset > (sources.internal if internal else sources.appends):
-                stream.sources = sources.advanced(internal, source_offset)
+            if internal:
+                stream.internal = max(stream.internal, source_offset)  # `SourceOffsets.advanced`
+            else:
+                stream.appends = max(stream.appends, source_offset)
             key = event.idempotencyKey
             if key is not None:
                 assert digest is not None
@@ -173,7 +193,7 @@ class PartitionFold:
         staged = self._rows
         for path, stream in self._touched.items():
             staged.update(rows.change_rows(path, stream.state.drain_changes()))
-            staged[rows.meta_key(path)] = rows.encode_meta(stream.state, stream.sources)
+            staged[rows.meta_key(path)] = rows.encode_meta(stream.state, stream.sources())
         if self._position is not None:
             staged[rows.position_key(self.partition)] = str(self._position).encode()
         self._rows, self._touched, self._position = {}, {}, None

@@ -97,12 +97,15 @@ def stream_of_key(key: bytes) -> str | None:
 # --- items -------------------------------------------------------------------------------------
 
 
+_ITEM_JSON = ContextItem.__pydantic_serializer__.to_json  # model_dump_json's bytes, minus its wrapper
+
+
 def encode_cell(cell: Cell) -> bytes:
-    body = cell.item.model_dump_json(exclude_none=True)
+    body = _ITEM_JSON(cell.item, exclude_none=True)
     head = f'{{"o":{cell.offset},"c":{cell.created_offset},"s":{cell.seq}'
     if cell.updates_offset is not None:
         head += f',"u":{cell.updates_offset}'
-    return f'{head},"i":{body}}}'.encode()
+    return f'{head},"i":'.encode() + body + b"}"
 
 
 def decode_cell(value: bytes) -> Cell:

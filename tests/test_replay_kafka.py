@@ -13,18 +13,27 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 from rocksdict import Options, Rdict
 
 import pipeline.replay
-from pipeline.client import Receipt
+from pipeline.client import Receipt, watermarks
 from pipeline.partitioner import partition_for
-from pipeline.replay import MARKER, live_store_paths, open_rows, replay, verify
+from pipeline.replay import (
+    MARKER,
+    PartitionTask,
+    _Helpers,
+    live_store_paths,
+    open_rows,
+    prepare_out_dir,
+    replay,
+    verify,
+)
 from processors import rows
 from schemas.events import (
     CONTEXT_ADDED,
@@ -140,8 +149,7 @@ def test_parallel_replay_equals_serial_replay_equals_live(
     total = journal_size(stack)
     assert serial.events == parallel.events == total
     assert serial.streams == parallel.streams and set(STREAMS) < serial.streams
-    # The progress bar counted every record, reported by both worker processes.
-    assert f"{total}/{total}" in capsys.readouterr().err
+    assert f"{total}/{total}" in capsys.readouterr().err  # the progress bar counted every record
 
     live = live_store_paths(stack.settings)
     assert verify(tmp_path / "serial", live) == []
@@ -163,6 +171,30 @@ def test_parallel_replay_equals_serial_replay_equals_live(
         assert rows.decode_idempotency(replayed[rows.idempotency_key(path, f"web/{path}/0")])[0] == 2
         assert rows.idempotency_key(path, "request/1") in replayed
     assert sum(key.startswith(rows.APPEND_ID + rows.SEP) for key in replayed) >= len(STREAMS) * 10
+
+
+def test_helper_processes_alone_replay_every_partition(stack: Stack, tmp_path: Path) -> None:
+    """On a journal this small `replay(jobs=2)` may fold every partition itself before its helper
+    is up; here the helpers take every partition, and report their progress and results."""
+    out = tmp_path / "helpers"
+    prepare_out_dir(out, stack.settings.data_dir)
+    topic = stack.client.topics.journal
+    consumer = Consumer({"bootstrap.servers": stack.settings.bootstrap_servers, "group.id": "test", "log_level": 3})
+    try:
+        tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(topic, p))) for p in range(PARTITIONS)]
+    finally:
+        consumer.close()
+    helpers = _Helpers(2, stack.settings.kafka_client_config(), topic, out, None)
+    progress: list[int] = []
+    try:
+        helpers.hand_out(tasks)
+        results = helpers.wait(progress.append)
+    finally:
+        helpers.close()
+    assert len(results) == PARTITIONS
+    assert sum(events for events, _ in results) == sum(progress) == journal_size(stack)
+    assert {path for _, streams in results for path in streams} >= set(STREAMS)
+    assert verify(out, live_store_paths(stack.settings)) == []
 
 
 def test_cli_replay_jobs_verify(stack: Stack, tmp_path: Path) -> None:
@@ -223,10 +255,10 @@ def test_killed_parallel_replay_leaves_no_workers_and_is_rebuilt(stack: Stack, t
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        wait_until(lambda: (out / MARKER).is_file(), 30, "replay to start")
-        time.sleep(0.2)  # workers starting or folding, if it has not finished already
-        process.send_signal(sig)
-        assert process.wait(30) in (0, 130, -signal.SIGKILL)
+        wait_until(lambda: (out / MARKER).is_file(), 30, "replay to start", interval=0.005)
+        process.send_signal(sig)  # its helpers are starting or folding, unless it finished already
+        # 130: interrupted (Ctrl-C); -SIGINT: it had finished and was exiting; 0: done before the signal.
+        assert process.wait(30) in (0, 130, -signal.SIGINT, -signal.SIGKILL)
         wait_until(lambda: not replay_workers(stack), 30, "no replay worker left")
     again = replay(stack.settings, out, progress=False, jobs=2)
     assert again.events == journal_size(stack)
