@@ -65,6 +65,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from pipeline import metrics
 from pipeline.client import AppendError, Client, Receipt
+from pipeline.offset_progress import PartitionProgress
 from pipeline.settings import Settings
 from processors import llm_outcomes as outcomes
 from schemas.requests import CallRequest, CancelRequest, CompactRequest, LlmRequestRecord, Message, Transport
@@ -134,31 +135,6 @@ class Summary:
 
 class SummaryFailed(Exception):
     """No summary call was answered; the text says why (scrubbed)."""
-
-
-class PartitionProgress:
-    """Which consumed offsets of one partition are finished; the commit point is the first that is not."""
-
-    def __init__(self) -> None:
-        self.pending: dict[int, bool] = {}  # consumed offset -> finished (insertion = offset order)
-        self.next: int | None = None  # last consumed offset + 1
-        self.committed: int | None = None
-
-    def consumed(self, offset: int) -> None:
-        self.pending[offset] = False
-        self.next = offset + 1
-
-    def finished(self, offset: int) -> None:
-        if offset in self.pending:
-            self.pending[offset] = True
-
-    def committable(self) -> int | None:
-        while self.pending:
-            first = next(iter(self.pending))
-            if not self.pending[first]:
-                return first
-            del self.pending[first]
-        return self.next
 
 
 class _Bounded(OrderedDict[str, int]):

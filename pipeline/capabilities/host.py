@@ -40,6 +40,7 @@ from pipeline.capabilities.grants import Grants, outcome
 from pipeline.capabilities.journal import JournalReader
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
+from pipeline.offset_progress import PartitionProgress
 from pipeline.settings import Settings
 from processors import scripts
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord
@@ -64,31 +65,6 @@ class Job:
 class Lane:
     jobs: deque[Job] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
-
-
-class PartitionProgress:
-    """Consumed offsets of one partition and which are finished; commit the first unfinished."""
-
-    def __init__(self) -> None:
-        self.pending: dict[int, bool] = {}
-        self.next: int | None = None
-        self.committed: int | None = None
-
-    def consumed(self, offset: int) -> None:
-        self.pending[offset] = False
-        self.next = offset + 1
-
-    def finished(self, offset: int) -> None:
-        if offset in self.pending:
-            self.pending[offset] = True
-
-    def committable(self) -> int | None:
-        while self.pending:
-            first = next(iter(self.pending))
-            if not self.pending[first]:
-                return first
-            del self.pending[first]
-        return self.next
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
