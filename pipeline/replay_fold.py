@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Union
 
 import orjson
-from pydantic import Field, TypeAdapter, ValidationError
 
 from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from processors import rows
@@ -32,13 +30,10 @@ from processors.reducer import fold
 from processors.state import AgentState, SourceOffsets
 from schemas.events import (
     CONSUMED_TYPES,
-    TYPED_EVENTS,
     EnvelopeError,
     InvalidPayloadEvent,
     JournalEvent,
-    OtherEvent,
     decode_event,
-    describe_validation_error,
 )
 
 log = logging.getLogger("agentstream.replay")
@@ -49,25 +44,6 @@ Event = JournalEvent | InvalidPayloadEvent
 
 _TYPE_FIELD = b'"type":"'  # the envelope's third field as the worker writes it (streamPath holds no quote)
 _CONSUMED = frozenset(event_type.encode() for event_type in CONSUMED_TYPES)
-# The adapters of `decode_event`, over the same models.
-_typed_events: TypeAdapter[Any] = TypeAdapter(
-    Annotated[Union[tuple(TYPED_EVENTS.values())], Field(discriminator="type")]  # noqa: UP007
-)
-_other_event: TypeAdapter[OtherEvent] = TypeAdapter(OtherEvent)
-
-
-def decode_parsed(envelope: dict[str, Any]) -> Event:
-    """`decode_event` for a record already parsed into a dict (the same models, validated from Python)."""
-    try:
-        return _typed_events.validate_python(envelope)
-    except ValidationError as typed_error:
-        try:
-            other = _other_event.validate_python(envelope)
-        except ValidationError as envelope_error:
-            raise EnvelopeError(describe_validation_error(envelope_error)) from None
-        if other.type not in CONSUMED_TYPES:
-            return other
-        return InvalidPayloadEvent(other, describe_validation_error(typed_error, other.type))
 
 
 def decode_record(value: bytes) -> tuple[Event, str | None]:
@@ -91,7 +67,7 @@ def decode_record(value: bytes) -> tuple[Event, str | None]:
             digest = None
             if parsed.get("idempotencyKey") is not None:
                 digest = payload_hash(parsed.get("type"), parsed.get("payload"))
-            event = decode_parsed(parsed)
+            event = decode_event(parsed)
             return event, digest if event.idempotencyKey is not None else None
     event = decode_event(value)
     if event.idempotencyKey is None:

@@ -247,13 +247,15 @@ class InvalidPayloadEvent:
         return self.envelope.createdAt
 
 
-def decode_event(raw: bytes | str) -> JournalEvent | InvalidPayloadEvent:
-    """Parse and validate one journaled event from JSON, in a single pass on the common path."""
+def decode_event(raw: bytes | str | dict[str, Any]) -> JournalEvent | InvalidPayloadEvent:
+    """Validate one journaled event from its JSON (or from a record already parsed into a dict),
+    in a single pass on the common path."""
+    from_json = not isinstance(raw, dict)
     try:
-        return _typed_events.validate_json(raw)
+        return _typed_events.validate_json(raw) if from_json else _typed_events.validate_python(raw)
     except ValidationError as typed_error:
         try:
-            envelope = _other_event.validate_json(raw)
+            envelope = _other_event.validate_json(raw) if from_json else _other_event.validate_python(raw)
         except ValidationError as envelope_error:
             raise EnvelopeError(describe_validation_error(envelope_error)) from None
         if envelope.type not in CONSUMED_TYPES:
