@@ -768,10 +768,8 @@ class PartitionEngine:
             for key, row_value in changed:
                 self.table.put(key, row_value)
             if outcomes is not None and append_id is not None:
-                outcome = AppendOutcome(
-                    appendId=append_id, streamPath=event.streamPath, status="journaled", offset=event.offset
-                )
-                outcomes.append((self.topics.results, event.streamPath.encode(), outcome.encode()))
+                outcome = AppendOutcome.encode_trusted(append_id, event.streamPath, "journaled", event.offset)
+                outcomes.append((self.topics.results, event.streamPath.encode(), outcome))
             refolded += 1
         if position is not None:
             self.table.put(rows.position_key(self.partition), str(position).encode())

@@ -1,10 +1,10 @@
-"""A librdkafka producer (confluent-kafka) whose deliveries resolve asyncio futures on the loop.
+"""A librdkafka producer (confluent-kafka) driven from the asyncio event loop.
 
-librdkafka batches, compresses and retries in its own threads, and is idempotent (`acks=all`,
+librdkafka batches and retries in its own threads, and is idempotent (`acks=all`,
 `enable.idempotence`): per partition, records land in the order they were produced, exactly once.
 Delivery callbacks run inside `poll()`, in the calling thread; this wrapper polls from the event
-loop only, so every future is resolved on the loop that awaits it. A `KafkaError` is not an
-exception: it is wrapped in `DeliveryError`.
+loop only, so every callback runs on the loop (a `KafkaError` is an argument, not an exception:
+the callback decides what a failure means).
 """
 
 from __future__ import annotations
@@ -23,20 +23,12 @@ log = logging.getLogger("agentstream.producer")
 Headers = Sequence[tuple[str, bytes]]
 
 
-class DeliveryError(RuntimeError):
-    """A record could not be delivered (after librdkafka's own retries)."""
-
-    def __init__(self, error: KafkaError, topic: str) -> None:
-        super().__init__(f"delivery to {topic} failed: {error.str()}")
-        self.kafka_error = error
-
-
 OnDelivery = Callable[[KafkaError | None, Message], None]
 
 
 class AsyncProducer:
-    """librdkafka from the event loop: `send` with a delivery callback (the hot path: no future
-    per record), `produce` with a future, both served by polling on the loop."""
+    """librdkafka from the event loop: `send` with a delivery callback (no future per record, the
+    hot path), served by polling on the loop."""
 
     def __init__(self, config: dict[str, Any], *, poll_interval_s: float = 0.001) -> None:
         self._producer = Producer(
@@ -90,27 +82,6 @@ class AsyncProducer:
             except BufferError:
                 self._producer.poll(0.05)
 
-    def produce(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Headers | None = None
-    ) -> asyncio.Future[Message]:
-        """Produce one record; the future resolves with its metadata or fails with DeliveryError."""
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-
-        def delivered(error: KafkaError | None, message: Message) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(DeliveryError(error, topic))
-            else:
-                future.set_result(message)
-
-        self.send(topic, key, value, partition, headers, delivered)
-        return future
-
-    def poll(self) -> None:
-        """Serve delivery callbacks now (they run on this thread)."""
-        self._producer.poll(0)
-
     async def drain(self, timeout_s: float = 60.0) -> None:
         """Wait (on the loop) until every record produced so far is delivered or failed."""
         loop = asyncio.get_running_loop()
@@ -120,15 +91,3 @@ class AsyncProducer:
                 raise TimeoutError(f"{len(self._producer)} records not delivered within {timeout_s:.0f}s")
             self._producer.poll(0.005)
             await asyncio.sleep(0)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._producer)
-
-    async def close(self) -> None:
-        try:
-            await self.drain()
-        finally:
-            if self._poller is not None:
-                self._poller.cancel()
-                self._poller = None

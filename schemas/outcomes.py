@@ -21,15 +21,12 @@ class AppendOutcome(Wire):
     offset: Annotated[int, Field(gt=0, strict=True)] | None = None  # journaled/duplicate: the event's offset
     reason: str | None = None  # rejected: why (the same text as the dead-letter record's)
 
-    def encode(self) -> bytes:
-        return self.model_dump_json(exclude_none=True).encode()
-
     @staticmethod
     def encode_trusted(
         append_id: str, stream_path: str, status: AppendStatus, offset: int | None = None, reason: str | None = None
     ) -> bytes:
-        """The JSON of an outcome built from values the journal already validated (the hot path:
-        one per journaled append); the same bytes `encode` gives, without validating again."""
+        """The JSON of an outcome built from values the journal already validated (one per
+        journaled append): what `model_dump_json(exclude_none=True)` gives, without validating again."""
         body: dict[str, object] = {"appendId": append_id, "streamPath": stream_path, "status": status}
         if offset is not None:
             body["offset"] = offset
