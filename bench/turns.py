@@ -2,7 +2,13 @@
 
     .venv/bin/python bench/turns.py [--agents 1000] [--rounds 3]
 
-Starts an isolated topic set, the journal worker, the LLM caller and the scripted
+    .venv/bin/python bench/turns.py --cpu-only [--cpu-calls 300]
+
+First, the LLM caller's CPU per provider call with a 20-message request (a rendered request's
+shape), measured in a separate process against a local instant server: the caller's path
+(`pipeline/caller/provider.py`, the openai client's `post` with the body rendered once) against
+`chat.completions.create` with the same request, alternating in blocks in the same run, with the
+ratio. Then it starts an isolated topic set, the journal worker, the LLM caller and the scripted
 OpenAI-compatible server answering instantly; creates N agents; then, per round, sends one user
 message to every agent at once and waits until every turn is settled. Reports:
 - complete turns/s across all agents (first append of the round to the last settlement);
@@ -15,6 +21,8 @@ Times are Kafka record timestamps on this one machine. Needs the local broker ru
 from __future__ import annotations
 
 import argparse
+import asyncio
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,11 +34,16 @@ from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test-support package (tests/)
 
+from pipeline.base_policy import TEXT as SYSTEM_PROMPT
 from pipeline.client import consume_ready, watermarks
+from processors import llm_outcomes
+from processors.render import CONTEXT_PROTOCOL
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
+from schemas.requests import Message
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
 
 DEBOUNCE_MS = 250
+CPU_BLOCK = 50  # calls per block; the two ways alternate block by block
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -90,14 +103,110 @@ def start_llm_server() -> tuple[subprocess.Popen[bytes], str]:
     return server, url
 
 
+def rendered_request(messages: int = 20) -> list[Message]:
+    """A request as the journal worker renders one (openai-compatible transport): the protocol,
+    the system prompt, a history of user and assistant items with header lines, the timestamp."""
+    history = [
+        Message(
+            role="user" if i % 2 == 0 else "assistant",
+            content=f"@{10 + i}" + (" actor=user:cli" if i % 2 == 0 else "") + f"\nturn {i}: " + "lorem ipsum " * 30,
+        )
+        for i in range(messages - 4)
+    ]
+    return [
+        Message(role="system", content=CONTEXT_PROTOCOL),
+        Message(role="system", content='@2 key="agent/system-prompt"\n' + SYSTEM_PROMPT),
+        *history,
+        Message(role="user", content=f"@{10 + len(history)} actor=user:cli\nround 1"),
+        Message(role="system", content="Current date and time (UTC): 2026-12-02T10:13:51.123Z"),
+    ]
+
+
+async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
+    """ms of this process's CPU per call, per block, for the caller's `post` path and for `create`."""
+    from openai import AsyncOpenAI
+
+    from pipeline.caller.provider import Provider
+    from pipeline.settings import Settings
+
+    settings = Settings.from_env({}, openai_base_url=url, openai_api_key="bench", llm_max_tokens=64)
+    provider = Provider(settings)
+    sdk = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=settings.llm_timeout_s)
+    record = rendered_request()
+
+    async def post() -> None:  # what the caller does per call, rendering of the provider messages included
+        await provider.stream("instant", "openai-compatible", llm_outcomes.provider_messages(record), [])
+
+    async def create() -> None:  # the same request through the SDK's typed path (the caller before)
+        stream = await sdk.chat.completions.create(
+            model="instant",
+            messages=llm_outcomes.provider_messages(record),  # type: ignore[arg-type]
+            max_tokens=64,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for _ in stream:
+            pass
+
+    ways = {"post": post, "create": create}
+    for way in ways.values():  # warm up connections and caches
+        for _ in range(20):
+            await way()
+    blocks: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(max(1, calls // CPU_BLOCK)):
+        for name, way in ways.items():
+            started = time.process_time()
+            for _ in range(CPU_BLOCK):
+                await way()
+            blocks[name].append((time.process_time() - started) * 1000 / CPU_BLOCK)
+    await provider.close()
+    await sdk.close()
+    return blocks
+
+
+def measure_cpu(url: str, calls: int) -> tuple[float, float]:
+    """Median ms of CPU per call (post, create), measured in a fresh process (nothing else in it)."""
+    probe = subprocess.run(
+        [sys.executable, __file__, "--cpu-probe", url, "--cpu-calls", str(calls)],
+        capture_output=True,
+        check=True,
+    )
+    blocks = orjson.loads(probe.stdout)
+    return statistics.median(blocks["post"]), statistics.median(blocks["create"])
+
+
+def report_cpu(url: str, calls: int) -> None:
+    post, create = measure_cpu(url, calls)
+    print(f"{'figure':<52} {'value':>12} {'target':>14}")
+    print(f"{'caller CPU per call, post (ms, 20 messages)':<52} {post:>12.2f} {'<= 1.5':>14}")
+    print(f"{'caller CPU per call, create (ms, same run)':<52} {create:>12.2f}")
+    print(f"{'create / post':<52} {create / post:>11.1f}x {'>= 4x':>14}")
+    print(f"(median of blocks of {CPU_BLOCK} calls, {calls} calls each way, alternating; instant scripted model)")
+    print(flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--cpu-calls", type=int, default=500, help="provider calls per way for CPU per call")
+    parser.add_argument("--cpu-only", action="store_true", help="only CPU per call (no broker needed)")
+    parser.add_argument("--cpu-probe", metavar="URL", help=argparse.SUPPRESS)  # the measuring child process
     args = parser.parse_args()
-    ensure_broker()
+    if args.cpu_probe:
+        sys.stdout.buffer.write(orjson.dumps(asyncio.run(cpu_per_call(args.cpu_probe, args.cpu_calls))))
+        return
     server, url = start_llm_server()
+    try:
+        report_cpu(url, args.cpu_calls)
+    except BaseException:
+        server.terminate()
+        raise
+    if args.cpu_only:
+        server.terminate()
+        return
+    ensure_broker()
     try:
         stack = Stack(
             Path(tempfile.mkdtemp(prefix="bench-turns-")),

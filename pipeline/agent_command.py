@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from pipeline.client import AppendTimeout, Client
 from pipeline.settings import Settings
 from processors.reducer import fold, fold_all
-from processors.render import TRANSPORTS, projection_json, render_messages
+from processors.render import TRANSPORTS, Transport, projection_json, render_messages
 from processors.state import AgentState
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, AppendCommand, InvalidPayloadEvent
 from topics.admin import require_topics
@@ -156,18 +156,26 @@ def _request(args: argparse.Namespace) -> int:
             which = f"@{args.offset}" if args.offset is not None else "any"
             raise LookupError(f"{args.path} has no llm-request-requested event at {which}")
         request = requests[-1]
-        state = AgentState()
-        for event in events:
-            if event.offset > request.offset:
-                break
-            fold(state, event)
         transport = args.transport or client.settings.transport
-        body = {
-            "model": request.payload.model,
-            "messages": render_messages(state, transport, request.createdAt),
-        }
+        body = {"model": request.payload.model, "messages": request_messages(events, request, transport)}
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     return 0
+
+
+def state_through(events: list[Any], offset: int) -> AgentState:
+    """The state folded from a stream's events (offset order) up to and including `offset`."""
+    state = AgentState()
+    for event in events:
+        if event.offset > offset:
+            break
+        fold(state, event)
+    return state
+
+
+def request_messages(events: list[Any], request: Any, transport: Transport) -> list[dict[str, Any]]:
+    """The messages of the `llm-request-requested` event `request` exactly as rendered for the model
+    (docs/behaviour.md §3: only events up to the request count)."""
+    return render_messages(state_through(events, request.offset), transport, request.createdAt)
 
 
 def register(commands: Any) -> None:

@@ -3,7 +3,7 @@
 Exit codes: 0 success, 1 a check found differences (`replay --verify`; the demo's turn did not
 succeed), 2 bad input or configuration, 3 Kafka unreachable or misconfigured (missing topics, a
 failed delivery, no outcome from the journal worker within the timeout), 4 no such stream or
-request, 130 interrupted. Errors are one line on stderr.
+request, 130 interrupted (pipeline/exit_codes.py). Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ from typing import Any
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
-from pipeline import agent_command, demo, fold_command, local_stack, replay
+from pipeline import agent_command, demo, exit_codes, fold_command, local_stack, replay
 from pipeline.client import AppendError, AppendRejected
 from pipeline.gateway import cli as gateway_cli
 from pipeline.settings import Settings, SettingsError
 from topics.admin import KafkaSetupError
 
-EXIT_DIFFERENT = 1
-EXIT_USAGE = 2
-EXIT_KAFKA = 3
-EXIT_NOT_FOUND = 4
-EXIT_INTERRUPTED = 130
+# The CLI's names of the exit codes (pipeline/exit_codes.py defines every one).
+EXIT_DIFFERENT = exit_codes.DIFFERENT
+EXIT_USAGE = exit_codes.USAGE
+EXIT_KAFKA = exit_codes.KAFKA
+EXIT_NOT_FOUND = exit_codes.NOT_FOUND
+EXIT_INTERRUPTED = exit_codes.INTERRUPTED
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -38,7 +39,7 @@ def _worker(args: argparse.Namespace) -> int:
     elif args.kind == "capabilities":
         from pipeline.capabilities.host import run
     else:
-        from pipeline.llm_caller import run
+        from pipeline.caller import run
     run(settings)
     return 0
 

@@ -278,6 +278,7 @@ class Client:
         self.topics = topic_names(self.settings.topic_prefix)
         self.internal = internal
         self._command_topic = self.topics.internal_appends if internal else self.topics.appends
+        self._closed = False
         self._producer = Producer(
             quiet_librdkafka(
                 {
@@ -367,7 +368,13 @@ class Client:
             consumer.close()
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._producer.flush(10)
+        # Closed now, not at garbage collection: a producer outliving `agentstream down` (which stops
+        # the broker) would log connection failures at exit.
+        self._producer.close()
         self._results.close()
 
     def __enter__(self) -> Client:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from pipeline import local_stack
+from pipeline import exit_codes, local_stack
 from pipeline.client import Client
 from pipeline.settings import Settings
 from processors.reducer import fold_all
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             return converse(client, args.text, args.timeout)
     except local_stack.StackError as error:
         print(f"agentstream demo: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
-        return 3  # the local stack (broker, model, workers) could not be started
+        return exit_codes.KAFKA  # the local stack (broker, model, workers) could not be started
     finally:
         if launch.started:
             _say("stopping what the demo started:")

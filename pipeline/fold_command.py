@@ -8,12 +8,11 @@ from typing import IO, Any
 
 import orjson
 
+from pipeline import exit_codes
 from processors.reducer import JournalOrderError, fold
 from processors.render import TRANSPORTS, projection_json, render_messages, turn_json
 from processors.state import AgentState
 from schemas.events import LLM_REQUEST_REQUESTED, EnvelopeError, InvalidPayloadEvent, decode_event
-
-EXIT_BAD_INPUT = 2
 
 
 def register(commands: Any) -> None:
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 state, last = fold_lines(lines, args.through, sys.stderr)
     except (BadInput, OSError) as error:
         print(f"agentstream fold: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_codes.USAGE
     is_request = (
         last is not None
         and getattr(last, "type", None) == LLM_REQUEST_REQUESTED

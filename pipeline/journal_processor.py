@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from pipeline import heap, metrics
 from pipeline.kafka_producer import OnDelivery
 from pipeline.partitioner import partition_for
-from processors import rows
+from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import DEFAULT_BUDGET, RenderBudget, Transport, as_of_request, render_messages
 from processors.scheduler import decide
@@ -62,6 +62,7 @@ from schemas.events import (
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.outcomes import AppendOutcome, AppendStatus
+from schemas.requests import SettledNotice
 
 log = logging.getLogger("agentstream.journal")
 
@@ -85,6 +86,34 @@ class RowTable(Protocol):
     def put(self, key: bytes, value: bytes | None) -> None: ...
     async def commit(self) -> None:
         """Make the puts so far durable (e.g. send them to a changelog)."""
+
+
+def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
+    """The order in which one burst of rows goes to the changelog, so that any prefix of it is a
+    state recovery can complete.
+
+    A worker killed mid-burst leaves a prefix of it in the changelog, and the table's restore
+    applies that prefix. A stream's metadata row is its commit point (its cursor and seq range), so
+    it follows every other row of the burst: restored without them, it would claim events whose
+    item and dedupe rows are missing, and catch-up, which skips events a stream already holds,
+    would never write them. Rows restored without their metadata row lie past the stream's recorded
+    seq range or cursor and are rewritten identically when catch-up re-folds their events. The
+    partition's positions (`p`, `c`) come last: they claim everything before them.
+    """
+    rows_first: list[tuple[bytes, bytes | None]] = []
+    metas: list[tuple[bytes, bytes | None]] = []
+    positions: list[tuple[bytes, bytes | None]] = []
+    meta_prefix = rows.META + rows.SEP
+    position_prefixes = (rows.POSITION + rows.SEP, rows.COMMAND_POSITIONS + rows.SEP)
+    for row in burst.items():
+        key = row[0]
+        if key.startswith(meta_prefix):
+            metas.append(row)
+        elif key.startswith(position_prefixes):
+            positions.append(row)
+        else:
+            rows_first.append(row)
+    return rows_first + metas + positions
 
 
 # Produce one record to this engine's partition number (every topic is co-partitioned):
@@ -187,14 +216,13 @@ class CommandPositions:
             self.changed = True
 
     def encode(self) -> bytes:
-        return orjson.dumps({"appends": self.done[False], "internal": self.done[True]})
+        return row_codec.encode_command_positions(self.done[False], self.done[True])
 
     @classmethod
     def decode(cls, value: bytes | None) -> CommandPositions:
         if value is None:
             return cls()
-        row = orjson.loads(value)
-        return cls(row["appends"], row["internal"])
+        return cls(*row_codec.decode_command_positions(value))
 
 
 class PartitionEngine:
@@ -232,6 +260,7 @@ class PartitionEngine:
         render_budget: Callable[[str], RenderBudget] = lambda _model: DEFAULT_BUDGET,
         max_pending: int = 20_000,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
         fatal: Callable[[BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
@@ -248,6 +277,7 @@ class PartitionEngine:
         self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending
         self.max_event_bytes = max_event_bytes
+        self.append_id_window = append_id_window
         self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
         self.overlay: dict[bytes, bytes | None] = {}  # rows decided but not yet stored
         self.overlay_owner: dict[bytes, Pending] = {}
@@ -258,10 +288,23 @@ class PartitionEngine:
         self._drain_task: asyncio.Task[None] | None = None
         self.handled = 0
         self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
+        self._check_row_format()
         self.positions = CommandPositions.decode(table.get(rows.command_positions_key(partition)))
         self.active = True  # False once the partition is revoked: nothing more may be produced
+        # This partition's streams with a request open / paused: the gauges sum them over the
+        # partitions a worker owns now (`metrics.count_turns`), so a revoked partition drops out.
+        self.open_requests = 0
+        self.paused_agents = 0
 
     # --- rows ----------------------------------------------------------------------------------
+
+    def _check_row_format(self) -> None:
+        """Stop (`RowFormatError`) on rows another version wrote; mark a store this version's."""
+        key = rows.format_key(self.partition)
+        stored = self.table.get(key)
+        row_codec.check_format(stored, self.partition)
+        if stored is None:
+            self.table.put(key, row_codec.encode_format())  # stored with the partition's next rows
 
     def read(self, key: bytes) -> bytes | None:
         if key in self.overlay:
@@ -277,7 +320,7 @@ class PartitionEngine:
         if meta is None:
             entry = StreamEntry(AgentState(stream_path=path), SourceOffsets())
         else:
-            state, sources = rows.load_state(meta, self._scan(rows.items_prefix(path)))
+            state, sources = row_codec.load_state(meta, self._scan(rows.items_prefix(path)))
             entry = StreamEntry(state, sources)
         self.streams[path] = entry
         self._evict()
@@ -354,7 +397,7 @@ class PartitionEngine:
             stored += 1
         if position is not None:
             # Once per batch, after every row it covers: recovery re-folds the journal past it.
-            self.table.put(rows.position_key(self.partition), str(position).encode())
+            self.table.put(rows.position_key(self.partition), row_codec.encode_offset(position))
         positions_changed = self.positions.changed
         if positions_changed:
             self.positions.changed = False
@@ -444,7 +487,7 @@ class PartitionEngine:
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
             pending = Pending(command, [])
-            self._republish(entry, pending, append)
+            self._republish(pending, append)
             return Decision(pending)
         if not command.internal:
             forbidden = worker_only_reason(append.type, append.payload)
@@ -454,11 +497,20 @@ class PartitionEngine:
         was_open, was_paused = state.open, state.paused
         sources = entry.sources.advanced(command.internal, command.offset)
         started = time.perf_counter()
-        outcome = journal_command(state, append, now_ms=self.clock_ms(), sources=sources, read=self.read)
+        outcome = journal_command(
+            state,
+            append,
+            now_ms=self.clock_ms(),
+            sources=sources,
+            read=self.read,
+            append_id_window=self.append_id_window,
+        )
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         if isinstance(outcome, Journaled):
             entry.sources = sources
-            _observe(outcome.event, state, was_open, was_paused)
+            _observe(outcome.event, state, was_open)
+            self.open_requests += (state.open is not None) - (was_open is not None)
+            self.paused_agents += state.paused - was_paused
             headers = [(H_SOURCE_OFFSET, str(command.offset).encode())]
             if command.internal:
                 headers.append((H_SOURCE_TOPIC, INTERNAL))
@@ -499,47 +551,30 @@ class PartitionEngine:
             self._result(pending, append, "rejected", None, reason)
         return Decision(pending, reject_reason=reason)
 
-    def _republish(self, entry: StreamEntry, pending: Pending, append: AppendCommand) -> None:
-        """What a redelivered, already journaled command published: its command position was not
-        recorded as done, so some of it may never have reached Kafka (the worker died first).
-        Its result again, for a client still waiting; and the call record of the request it
-        opened, if that request is still open (the caller repeats nothing that already settled)."""
-        offset = None
-        if append.appendId is not None:
-            found = self.read(rows.append_id_key(append.streamPath, append.appendId))
-            offset = None if found is None else int(found)
-            if offset is not None:
-                self._result(pending, append, "journaled", offset)
-        elif append.idempotencyKey is not None:
-            found = self.read(rows.idempotency_key(append.streamPath, append.idempotencyKey))
-            offset = None if found is None else rows.decode_idempotency(found)[0]
-        open_request = entry.state.open
-        if offset is not None and open_request is not None and open_request.offset == offset:
-            record = self._call_record_again(entry)
-            if record is not None:
-                pending.after.append((self.topics.llm_requests, append.streamPath.encode(), record))
+    def _republish(self, pending: Pending, append: AppendCommand) -> None:
+        """A redelivered, already journaled command: its command position was not recorded as
+        done, so its result may never have reached Kafka (the worker died first). Publish it
+        again for a client still waiting. (What an open request needs, its call record, a cancel
+        or a compaction, is published again by `resume_open_work` when the partition recovers.)"""
+        if append.appendId is None:
+            return
+        found = self.read(rows.append_id_key(append.streamPath, append.appendId))
+        if found is not None:
+            self._result(pending, append, "journaled", row_codec.decode_offset(found))
 
-    def _call_record_again(self, entry: StreamEntry) -> bytes | None:
-        """The open request's call record, rendered again exactly as it was first rendered."""
+    def _request_messages(self, entry: StreamEntry, request_offset: int, model: str) -> list[dict[str, Any]] | None:
+        """The messages request R was sent with: from memory, else rendered again exactly as R saw
+        them (`as_of_request`). None when a compaction since R makes that impossible."""
+        if entry.last_request is not None and entry.last_request[0] == request_offset:
+            return entry.last_request[1]
         state = entry.state
-        request = state.open
-        assert request is not None
-        if entry.last_request is not None and entry.last_request[0] == request.offset:
-            messages = entry.last_request[1]
-        else:
-            view = as_of_request(state, request.offset)
-            if view is None or request.createdAt is None:
-                log.warning(
-                    "%s: the call record of @%d may be lost and cannot be rendered again (history compacted "
-                    "since, or state from an older version); the request expires at %d",
-                    state.stream_path,
-                    request.offset,
-                    request.expiresAt,
-                )
-                return None
-            messages = render_messages(view, self.transport, request.createdAt, self.render_budget(request.model))
-            entry.last_request = (request.offset, messages)
-        return self._call_record(state, messages)
+        created_at = _request_created_at(state, request_offset)
+        view = as_of_request(state, request_offset)
+        if view is None or created_at is None:
+            return None
+        messages = render_messages(view, self.transport, created_at, self.render_budget(model))
+        entry.last_request = (request_offset, messages)
+        return messages
 
     def _call_record(self, state: AgentState, messages: list[dict[str, Any]]) -> bytes:
         request = state.open
@@ -619,13 +654,10 @@ class PartitionEngine:
             entry.last_request = (event.offset, messages)
             pending.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
         elif open_request is not None and open_request.interruptedBy == event.offset:
-            record = {
-                "kind": "cancel",
-                "streamPath": path,
-                "requestOffset": open_request.offset,
-                "reason": "interrupted-by-user-input",
-            }
-            pending.after.append((self.topics.llm_requests, path.encode(), orjson.dumps(record)))
+            pending.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
+        elif event.type == LLM_REQUEST_SETTLED and not isinstance(event, InvalidPayloadEvent):
+            notice = SettledNotice(kind="settled", streamPath=path, requestOffset=event.payload.requestOffset)
+            pending.after.append((self.topics.llm_requests, path.encode(), notice.model_dump_json().encode()))
         elif event.type == TOKEN_USAGE_REPORTED:
             compact = self._compaction(entry, event.offset)
             if compact is not None:
@@ -660,10 +692,11 @@ class PartitionEngine:
         report = entry.state.over_threshold
         if report is None or report.offset != report_offset or len(entry.state.history) == 0:
             return None
-        if entry.last_request is None or entry.last_request[0] != report.llmRequestOffset:
+        messages = self._request_messages(entry, report.llmRequestOffset, report.model)
+        if messages is None:
             log.warning(
-                "%s: usage of @%d crossed the compaction threshold but its messages are not in memory "
-                "(worker restarted since); compaction waits for the next report",
+                "%s: usage of @%d crossed the compaction threshold but the request cannot be rendered again "
+                "(compacted since); compaction waits for the next report",
                 entry.state.stream_path,
                 report.llmRequestOffset,
             )
@@ -678,7 +711,7 @@ class PartitionEngine:
                 "transport": self.transport,
                 "tokens": report.tokens,
                 "threshold": report.threshold,
-                "messages": entry.last_request[1],
+                "messages": messages,
             }
         )
 
@@ -708,23 +741,59 @@ class PartitionEngine:
                 self.wake(path, decision.wake_at_ms)
         return commands
 
-    def wake_streams_with_work(self) -> int:
-        """After recovery: wake every stream with a pending trigger or an open request; count gauges."""
-        woken = 0
+    def resume_open_work(self) -> list[tuple[str, bytes, bytes]]:
+        """After recovery (a restart or a rebalance): wake every stream with a pending trigger or an
+        open request, count the gauges, and return what open work still needs published.
+
+        The worker may have died after journaling a request, an interrupt or a usage report but
+        before its follow-up reached `llm-requests`. So every open request's call record goes out
+        again (rendered exactly as first sent), with a cancel if it was interrupted, and every
+        compaction not yet applied. Repeats are harmless: the caller skips a request or report it
+        has handled, and its outcomes carry idempotency keys derived from R."""
+        records: list[tuple[str, bytes, bytes]] = []
+        self.open_requests = self.paused_agents = 0
         for _, value in self.table.scan(rows.META + rows.SEP):
-            meta = orjson.loads(value)
-            metrics.OPEN_REQUESTS.inc(meta["open"] is not None)
-            metrics.PAUSED_AGENTS.inc(meta["paused"])
-            if meta["pending"] is not None or meta["open"] is not None:
-                self.wake(meta["path"], 0)
-                woken += 1
-        return woken
+            meta = row_codec.decode_meta_row(value)
+            self.open_requests += meta.open is not None
+            self.paused_agents += meta.paused
+            if meta.pending is not None or meta.open is not None:
+                self.wake(meta.path, 0)
+            if meta.open is not None or meta.over_threshold is not None:
+                records.extend(self._open_work(self.entry(meta.path)))
+        return records
+
+    def _open_work(self, entry: StreamEntry) -> list[tuple[str, bytes, bytes]]:
+        state = entry.state
+        path = state.stream_path
+        assert path is not None
+        key = path.encode()
+        records: list[tuple[str, bytes, bytes]] = []
+        request = state.open
+        if request is not None:
+            messages = self._request_messages(entry, request.offset, request.model)
+            if messages is None:
+                log.warning(
+                    "%s: the call record of @%d cannot be rendered again (history compacted since, or state "
+                    "from an older version); the request expires at %d",
+                    path,
+                    request.offset,
+                    request.expiresAt,
+                )
+            else:
+                records.append((self.topics.llm_requests, key, self._call_record(state, messages)))
+            if request.interruptedBy is not None:
+                records.append((self.topics.llm_requests, key, _cancel_record(path, request.offset)))
+        if state.over_threshold is not None:
+            compact = self._compaction(entry, state.over_threshold.offset)
+            if compact is not None:
+                records.append((self.topics.llm_requests, key, compact))
+        return records
 
     # --- recovery ------------------------------------------------------------------------------
 
     def recorded_position(self) -> int:
         value = self.table.get(rows.position_key(self.partition))
-        return -1 if value is None else int(value)
+        return -1 if value is None else row_codec.decode_offset(value)
 
     def catch_up(
         self,
@@ -763,7 +832,9 @@ class PartitionEngine:
                     event.streamPath,
                     event.reason,
                 )
-            changed = apply_event(entry.state, event, sources, append_id, digest)
+            changed = apply_event(
+                entry.state, event, sources, append_id, digest, window=self.append_id_window, read=self.read
+            )
             entry.sources = sources
             for key, row_value in changed:
                 self.table.put(key, row_value)
@@ -772,8 +843,24 @@ class PartitionEngine:
                 outcomes.append((self.topics.results, event.streamPath.encode(), outcome))
             refolded += 1
         if position is not None:
-            self.table.put(rows.position_key(self.partition), str(position).encode())
+            self.table.put(rows.position_key(self.partition), row_codec.encode_offset(position))
         return refolded
+
+
+def _cancel_record(path: str, request_offset: int) -> bytes:
+    return orjson.dumps(
+        {"kind": "cancel", "streamPath": path, "requestOffset": request_offset, "reason": "interrupted-by-user-input"}
+    )
+
+
+def _request_created_at(state: AgentState, request_offset: int) -> str | None:
+    """createdAt of request R (its trailing timestamp message), while the state still knows it:
+    R is open, or R is the newest request event (every request event seals the projection)."""
+    if state.open is not None and state.open.offset == request_offset:
+        return state.open.createdAt
+    if state.published_through == request_offset:
+        return state.last_request_created_at
+    return None
 
 
 def _parsed_or_none(value: bytes) -> AppendCommand | None:
@@ -785,15 +872,13 @@ def _parsed_or_none(value: bytes) -> AppendCommand | None:
         return None
 
 
-def _observe(event: Any, state: AgentState, was_open: Any, was_paused: bool) -> None:
-    """Metrics of one journaled event (the state is already folded)."""
+def _observe(event: Any, state: AgentState, was_open: Any) -> None:
+    """Counters of one journaled event (the state is already folded)."""
     metrics.journaled(event.type).inc()
     if state.open is not None and state.open is not was_open:
         metrics.REQUESTS_OPENED.inc()
     if was_open is not None and state.open is None and event.type == LLM_REQUEST_SETTLED:
         metrics.REQUESTS_SETTLED.labels(event.payload.result.status).inc()
-    metrics.OPEN_REQUESTS.inc((state.open is not None) - (was_open is not None))
-    metrics.PAUSED_AGENTS.inc(state.paused - was_paused)
     if event.type == TOKEN_USAGE_REPORTED:
         report = event.payload
         metrics.TOKENS.labels("input").inc(report.inputTokens)

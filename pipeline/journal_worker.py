@@ -31,11 +31,12 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from rocksdict import WriteBatch
 
-from pipeline import metrics
+from pipeline import exit_codes, metrics
 from pipeline.command_reader import CommandReader
-from pipeline.journal_processor import PartitionEngine
+from pipeline.journal_processor import PartitionEngine, changelog_order
 from pipeline.kafka_producer import AsyncProducer
 from pipeline.settings import Settings
+from processors.row_codec import RowFormatError
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
 log = logging.getLogger("agentstream.journal")
@@ -52,10 +53,12 @@ class FaustRows:
     burst is acknowledged are they written to the local RocksDB in one write batch together with
     Faust's changelog offset. So the local store never holds a row the changelog lacks: after a
     crash Faust replays the changelog past that offset and the local store is again exactly a
-    prefix of the changelog, on this machine or a new one. A burst with any failed record is fatal:
-    applying later bursts would make a store the changelog cannot rebuild. Until a burst is
-    stored, reads are served from the rows in flight. (Faust's own table-write path routes each
-    write through the current event and a small buffer; it stalled the worker.)
+    prefix of the changelog, on this machine or a new one. That prefix may end inside a burst; the
+    burst's order (`changelog_order`) makes any such prefix one that catch-up completes. A burst
+    with any failed record is fatal: applying later bursts would make a store the changelog cannot
+    rebuild. Until a burst is stored, reads are served from the rows in flight. (Faust's own
+    table-write path routes each write through the current event and a small buffer; it stalled
+    the worker.)
     """
 
     def __init__(self, producer: AsyncProducer, table: Any, partition: int, fatal: Any) -> None:
@@ -125,7 +128,7 @@ class FaustRows:
                 except Exception as error:  # the local store failed: only a restart is safe
                     self.fatal(error)
 
-        for key, value in records.items():
+        for key, value in changelog_order(records):  # any prefix of a burst is recoverable
             self.in_flight[key] = (burst, value)
             self.producer.send(topic, key, value, self.partition, None, delivered)
 
@@ -192,16 +195,21 @@ def build_app(settings: Settings) -> faust.App:
     )
 
     def crash(error: BaseException) -> None:
+        if isinstance(error, RowFormatError):  # rows of another version: a restart would stop again
+            log.critical("journal worker stopped: %s", error)
+            logging.shutdown()
+            os._exit(exit_codes.ROW_FORMAT)
         # The in-memory state may now be ahead of the journal; only a restart (which restores
         # rows and re-folds the journal) is safe. Exit like a crash would.
         log.critical("journal worker failed; exiting for a clean recovery", exc_info=error)
         logging.shutdown()
-        os._exit(70)
+        os._exit(exit_codes.FATAL)
 
     kafka_config = settings.kafka_client_config()
     producer = AsyncProducer({**kafka_config, "message.max.bytes": LLM_REQUESTS_MAX_MESSAGE_BYTES + (1 << 20)})
     reader = CommandReader(kafka_config, names, f"{settings.app_id}-commands", crash)
     engines = reader.engines
+    metrics.count_turns(engines)  # the partitions owned now: a revoked one no longer counts
 
     def new_engine(partition: int) -> PartitionEngine:
         def send(
@@ -217,11 +225,16 @@ def build_app(settings: Settings) -> faust.App:
             max_cached_streams=settings.max_cached_streams,
             partitions=settings.partitions,
             max_event_bytes=settings.max_event_bytes,
+            append_id_window=settings.append_id_window,
             fatal=crash,
             default_model=settings.default_model,
             transport=settings.transport,
             render_budget=settings.render_budget_for,
         )
+
+    def must_deliver(error: Any, _message: Any) -> None:
+        if error is not None:  # a republished outcome lost again: restart and republish
+            crash(RuntimeError(f"record republished at recovery not delivered: {error.str()}"))
 
     async def recover(engine: PartitionEngine) -> None:
         """Re-fold the journal tail past the rows' recorded position (crash or rebalance), and
@@ -246,11 +259,12 @@ def build_app(settings: Settings) -> faust.App:
                     refolded += engine.catch_up(records, outcomes)
                     await engine.table.commit()
                     for topic, key, value in outcomes:
-                        producer.send(topic, key, value, engine.partition)
+                        producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
                     if records and records[-1][0] + 1 >= end:
                         break
         finally:
             await consumer.stop()
+        await engine.table.commit()  # the format row a new store got on open, even with nothing to re-fold
         await producer.drain()
         log.info(
             "partition %d: re-folded %d journal events past position %d in %.2fs",
@@ -259,8 +273,12 @@ def build_app(settings: Settings) -> faust.App:
             position,
             time.monotonic() - started,
         )
+        # What open requests still need (call records, cancels, compactions): the worker may have
+        # died before publishing it. Delivered before new commands are read, like the results.
+        for topic, key, value in engine.resume_open_work():
+            producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
+        await producer.drain()
         engine.caught_up = True
-        engine.wake_streams_with_work()
 
     starting: set[int] = set()
 

@@ -7,7 +7,8 @@ never stream paths. The README's metrics table lists each one.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -35,6 +36,20 @@ TOKENS = Counter("agentstream_tokens_total", "Tokens reported by providers, by k
 COMPACTIONS = Counter("agentstream_compactions_total", "Compaction summaries applied to projections.")
 OPEN_REQUESTS = Gauge("agentstream_open_requests", "Agents with an LLM request open (this worker's partitions).")
 PAUSED_AGENTS = Gauge("agentstream_paused_agents", "Agents paused by the autonomous-turn breaker (this worker).")
+
+
+class TurnCounts(Protocol):
+    open_requests: int
+    paused_agents: int
+
+
+def count_turns(owned: Mapping[int, TurnCounts]) -> None:
+    """Report OPEN_REQUESTS and PAUSED_AGENTS as sums over the partitions in `owned` when scraped:
+    a partition counts while the worker owns it, and drops out when it is revoked."""
+    OPEN_REQUESTS.set_function(lambda: sum(p.open_requests for p in list(owned.values())))
+    PAUSED_AGENTS.set_function(lambda: sum(p.paused_agents for p in list(owned.values())))
+
+
 CONSUMER_LAG = Gauge(
     "agentstream_consumer_lag", "Records in agent-appends not yet handled, per partition.", ["topic", "partition"]
 )

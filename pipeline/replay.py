@@ -41,16 +41,16 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 from tqdm import tqdm
 
+from pipeline import exit_codes
 from pipeline.agent_command import check_path
 from pipeline.client import consume_ready, watermarks
 from pipeline.partitioner import partition_for
 from pipeline.replay_fold import PartitionFold, Record
 from pipeline.settings import Settings
-from processors import rows
+from processors import dedupe, rows
 from topics.admin import KafkaSetupError, quiet_librdkafka, require_topics
 from topics.names import topic_names
 
-EXIT_DIFFERENT = 1
 MARKER = ".agentstream-replay"  # in every directory replay created: only those may be overwritten
 FAUST_OFFSET_KEY = b"__faust\0offset__"  # Faust's own row in the live store (its changelog offset)
 BATCH = 10_000  # records per consume call, and at most per write batch
@@ -243,13 +243,15 @@ def replay_partition(
     db: Rdict,
     only_path: str | None,
     report: Callable[[int], None],
+    append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
 ) -> tuple[int, list[str]]:
     """Fold one partition's journal into its output database: (events folded, streams seen).
 
     Records are consumed in batches; each batch's rows are written in one `WriteBatch`.
     `report(n)` is told how many records each batch consumed (progress).
     """
-    fold = PartitionFold(task.partition)
+    rows_written = RdictRows(db)
+    fold = PartitionFold(task.partition, append_id_window=append_id_window, read=rows_written.get)
     only_key = None if only_path is None else only_path.encode()
     if task.high > task.low:
         consumer.assign([TopicPartition(topic, task.partition, task.low)])
@@ -274,6 +276,9 @@ def replay_partition(
             if staged:
                 _write(db, staged)
             report(len(messages))
+    staged = fold.take()  # the format row of a partition with nothing to replay
+    if staged:
+        _write(db, staged)
     db.flush(wait=False)
     return fold.folded, list(fold.streams)
 
@@ -309,7 +314,12 @@ def replay(
             # Started first: their interpreters start up while the journal's ends are read, and
             # this process, which is up already, takes the largest partition.
             helpers = _Helpers(
-                min(jobs, len(partitions)) - 1, settings.kafka_client_config(), names.journal, out_dir, only_path
+                min(jobs, len(partitions)) - 1,
+                settings.kafka_client_config(),
+                names.journal,
+                out_dir,
+                only_path,
+                settings.append_id_window,
             )
         tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(names.journal, p))) for p in partitions]
         total = sum(task.high - task.low for task in tasks)
@@ -325,7 +335,9 @@ def replay(
             with _folding_gc():
                 for task in iter(helpers.take, None) if helpers is not None else tasks:
                     db = outputs.create(task.partition)
-                    events, streams = replay_partition(consumer, names.journal, task, db, only_path, report)
+                    events, streams = replay_partition(
+                        consumer, names.journal, task, db, only_path, report, settings.append_id_window
+                    )
                     stats.events += events
                     stats.streams.update(streams)
                 outputs.close()
@@ -349,14 +361,31 @@ class _Helpers:
     process alike; helpers report progress, results and failures on another queue.
     """
 
-    def __init__(self, count: int, client_config: dict[str, Any], topic: str, out_dir: Path, only_path: str | None):
+    def __init__(
+        self,
+        count: int,
+        client_config: dict[str, Any],
+        topic: str,
+        out_dir: Path,
+        only_path: str | None,
+        append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
+    ):
         context = multiprocessing.get_context("spawn")  # never fork a process that holds librdkafka threads
         self.tasks: multiprocessing.Queue[PartitionTask | None] = context.Queue()
         self.reports: multiprocessing.Queue[tuple[Any, ...]] = context.Queue()
         self.processes = [
             context.Process(
                 target=_replay_worker,
-                args=(client_config, topic, out_dir, only_path, self.tasks, self.reports, os.getpid()),
+                args=(
+                    client_config,
+                    topic,
+                    out_dir,
+                    only_path,
+                    append_id_window,
+                    self.tasks,
+                    self.reports,
+                    os.getpid(),
+                ),
                 name=f"agentstream-replay-{number}",
                 daemon=True,
             )
@@ -438,6 +467,7 @@ def _replay_worker(
     topic: str,
     out_dir: Path,
     only_path: str | None,
+    append_id_window: int,
     tasks: multiprocessing.Queue[PartitionTask | None],
     reports: multiprocessing.Queue[tuple[Any, ...]],
     parent: int,
@@ -458,7 +488,7 @@ def _replay_worker(
         with _folding_gc():
             while (task := _next_task(tasks, parent)) is not None:
                 db = outputs.create(task.partition)
-                results.append(replay_partition(consumer, topic, task, db, only_path, report))
+                results.append(replay_partition(consumer, topic, task, db, only_path, report, append_id_window))
             outputs.close()  # reported done only once the rows are on disk
         for events, streams in results:
             reports.put(("done", events, streams))
@@ -543,8 +573,12 @@ def describe_key(key: bytes) -> str:
         return f"{_text(path)} idempotency row (key {_text(tail)})"
     if kind == rows.APPEND_ID and _owner(key) is not None:
         return f"{_text(path)} append-id row ({_text(tail)})"
+    if kind == rows.APPEND_SLOT and len(tail) == 8 and _owner(key) is not None:
+        return f"{_text(path)} append-id window row (slot {struct.unpack('>Q', tail)[0]})"
     if kind == rows.POSITION:
         return f"journal position row ({_text(rest)})"
+    if kind == rows.FORMAT:
+        return f"row format row ({_text(rest)})"
     return f"row {key!r} (no stream owns it)"
 
 
@@ -677,6 +711,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(differences)} row(s) differ from the live store ({len(streams)} stream(s) affected):")
         for difference in differences:
             print(f"  {difference}")
-        return EXIT_DIFFERENT
+        return exit_codes.DIFFERENT
     print("live store matches the journal")
     return 0

@@ -1,7 +1,7 @@
 """Replay's fold: journal records -> the rows of one partition, one batch at a time (no I/O here).
 
 The rows are exactly those `PartitionEngine.catch_up` stores for the same records on an empty
-store (same decoding, same reducer, same row encodings from `processors.rows`; the unit tests
+store (same decoding, same reducer, same row codec `processors.row_codec`; the unit tests
 check the two against each other and against the live path). Two things make it cheaper:
 
 - the cheapest exact decoding per record (see `decode_record`). The idempotency row needs the
@@ -24,7 +24,8 @@ from collections.abc import Iterable, Sequence
 import orjson
 
 from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
-from processors import rows
+from processors import dedupe, row_codec, rows
+from processors.dedupe import RowReader
 from processors.journal import payload_hash
 from processors.reducer import fold
 from processors.state import AgentState, SourceOffsets
@@ -115,15 +116,25 @@ class _Stream:
 class PartitionFold:
     """Every stream of one partition, folded from its journal into a fresh store, batch by batch.
 
-    `fold(records)` any number of times, then `take()` the rows to write: item, metadata,
-    idempotency and append-id rows, and the partition's journal position (value None: delete).
+    `fold(records)` any number of times, then `take()` the rows to write: item, metadata and
+    dedupe rows, the partition's journal position and its row format (value None: delete).
+    `read` sees the rows taken and written before (the append-id window reads them).
     """
 
-    def __init__(self, partition: int) -> None:
+    def __init__(
+        self,
+        partition: int,
+        *,
+        append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
+        read: RowReader = lambda _key: None,
+    ) -> None:
         self.partition = partition
+        self.append_id_window = append_id_window
+        self.read = read
         self.streams: dict[str, _Stream] = {}
         self.folded = 0  # events folded (records skipped as already folded or not events excluded)
-        self._rows: dict[bytes, bytes | None] = {}
+        # A replayed store is in this version's row format, like the live one.
+        self._rows: dict[bytes, bytes | None] = {rows.format_key(partition): row_codec.encode_format()}
         self._touched: dict[str, _Stream] = {}
         self._position: int | None = None
 
@@ -153,24 +164,35 @@ class PartitionFold:
                 stream.internal = max(stream.internal, source_offset)  # `SourceOffsets.advanced`
             else:
                 stream.appends = max(stream.appends, source_offset)
-            key = event.idempotencyKey
-            if key is not None:
-                assert digest is not None
-                staged[rows.idempotency_key(path, key)] = rows.encode_idempotency(event.offset, event.type, digest)
-            if append_id is not None:
-                staged[rows.append_id_key(path, append_id)] = str(event.offset).encode()
+            if event.idempotencyKey is not None or append_id is not None:
+                changed = dedupe.dedupe_rows(
+                    path,
+                    event.offset,
+                    event.type,
+                    event.idempotencyKey,
+                    digest,
+                    append_id,
+                    window=self.append_id_window,
+                    read=self._read,
+                )
+                staged.update(changed)
             touched[path] = stream
             folded += 1
         self.folded += folded
         return folded
 
+    def _read(self, key: bytes) -> bytes | None:
+        if key in self._rows:
+            return self._rows[key]
+        return self.read(key)
+
     def take(self) -> dict[bytes, bytes | None]:
         """The rows changed since the last take (each with its latest value); starts a new batch."""
         staged = self._rows
         for path, stream in self._touched.items():
-            staged.update(rows.change_rows(path, stream.state.drain_changes()))
-            staged[rows.meta_key(path)] = rows.encode_meta(stream.state, stream.sources())
+            staged.update(row_codec.change_rows(path, stream.state.drain_changes()))
+            staged[rows.meta_key(path)] = row_codec.encode_meta(stream.state, stream.sources())
         if self._position is not None:
-            staged[rows.position_key(self.partition)] = str(self._position).encode()
+            staged[rows.position_key(self.partition)] = row_codec.encode_offset(self._position)
         self._rows, self._touched, self._position = {}, {}, None
         return staged

@@ -11,10 +11,11 @@ import json
 import os
 import ssl
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from processors.dedupe import DEFAULT_APPEND_ID_WINDOW
 from processors.render import (
     DEFAULT_ITEM_BYTES,
     DEFAULT_REQUEST_BYTES,
@@ -23,7 +24,7 @@ from processors.render import (
     RenderBudget,
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
-from schemas.requests import MAX_MESSAGES_BYTES
+from schemas.requests import MAX_MESSAGES_BYTES, Transport
 
 ENV_PREFIX = "AGENTSTREAM_"
 WINDOW_FLOOR_BYTES = 4096
@@ -89,6 +90,14 @@ class Settings(BaseModel):
             "default message size.",
         ),
     ] = DEFAULT_MAX_EVENT_BYTES
+    append_id_window: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Append ids remembered per stream, in events: a command sent again within the stream's "
+            "last N events is a duplicate (docs/behaviour.md §1).",
+        ),
+    ] = DEFAULT_APPEND_ID_WINDOW
     max_cached_streams: Annotated[
         int, Field(ge=1, description="Stream states kept in memory per worker; others reload from rows.")
     ] = 10_000
@@ -117,7 +126,7 @@ class Settings(BaseModel):
         Field(description="Default model when an agent configures none (gpt-4o-mini with a key, else smollm2)."),
     ] = None
     llm_transport: Annotated[
-        Literal["openai", "openai-compatible"] | None,
+        Transport | None,
         Field(description="openai keeps the developer role; openai-compatible maps it to system. Unset: by endpoint."),
     ] = None
     llm_stream: Annotated[
@@ -228,7 +237,7 @@ class Settings(BaseModel):
         return self.llm_model or ("gpt-4o-mini" if self.openai_api_key else "smollm2")
 
     @property
-    def transport(self) -> Literal["openai", "openai-compatible"]:
+    def transport(self) -> Transport:
         if self.llm_transport is not None:
             return self.llm_transport
         return "openai" if self.openai_api_key and not self.openai_base_url else "openai-compatible"

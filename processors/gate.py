@@ -27,13 +27,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.context import INTEGRATION_ACTOR_TYPES
 from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED, AppendCommand, worker_only_reason
 from schemas.gateway import Tier
 
 AGENT_STREAMS = "/agents/"
 INTEGRATION_STREAMS = "/integrations/"
 # Actor types an integration may speak as: all are third-party data to the model.
-INTEGRATION_ACTOR_TYPES = frozenset({"integration", "slack", "telegram", "email", "github"})
 USER_TYPES = frozenset({CONTEXT_ADDED, AGENT_PAUSED, AGENT_RESUMED})
 DEFAULT_MAX_USER_FILE_BYTES = 25 * 1024 * 1024
 

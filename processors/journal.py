@@ -11,19 +11,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
-from processors import rows
+from processors import dedupe, row_codec, rows
+from processors.dedupe import RowReader
 from processors.reducer import epoch_ms, fold
 from processors.state import AgentState, SourceOffsets
 from schemas.events import TYPED_EVENTS, AppendCommand, OtherEvent, describe_validation_error
-
-RowReader = Callable[[bytes], "bytes | None"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,18 +68,19 @@ def journal_command(
     now_ms: int,
     sources: SourceOffsets,
     read: RowReader,
+    append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
 ) -> Outcome:
     path = command.streamPath
     if command.appendId is not None:
         existing = read(rows.append_id_key(path, command.appendId))
         if existing is not None:
-            return Duplicate(int(existing), f"append id {command.appendId!r} was already journaled")
+            return Duplicate(row_codec.decode_offset(existing), f"append id {command.appendId!r} was already journaled")
     key = command.idempotencyKey
     digest = None if key is None else payload_hash(command.type, command.payload)
     if key is not None:
         existing = read(rows.idempotency_key(path, key))
         if existing is not None:
-            offset, _, existing_digest = rows.decode_idempotency(existing)
+            offset, _, existing_digest = row_codec.decode_idempotency(existing)
             if existing_digest == digest:
                 return Duplicate(offset, f"idempotency key {key!r} already names this event")
             return Rejected(
@@ -103,7 +102,8 @@ def journal_command(
     except ValidationError as error:
         return Rejected(describe_validation_error(error, command.type))
     record = orjson.dumps(envelope)
-    return Journaled(event, record, apply_event(state, event, sources, command.appendId, digest))
+    changed = apply_event(state, event, sources, command.appendId, digest, window=append_id_window, read=read)
+    return Journaled(event, record, changed)
 
 
 def _last_ms(state: AgentState) -> int:
@@ -117,26 +117,23 @@ def apply_event(
     sources: SourceOffsets,
     append_id: str | None,
     digest: str | None,
+    *,
+    window: int,
+    read: RowReader,
 ) -> list[rows.Row]:
-    """Fold a journaled event and return every row it changes (items, metadata, dedupe rows).
+    """Fold a journaled event and return every row it changes (items, dedupe rows, metadata).
 
     `sources` are the stream's command-topic offsets including this event's command;
-    `digest` is `payload_hash` of the event's type and raw payload, required with an idempotency key.
+    `digest` is `payload_hash` of the event's type and raw payload, required with an idempotency key;
+    `window` and `read` keep the append-id window (`processors.dedupe`).
     """
     path = event.streamPath
     if state.changes is None:
         state.changes = {}
     fold(state, event)
-    changed: list[rows.Row] = list(rows.change_rows(path, state.drain_changes()))
-    if event.idempotencyKey is not None:
-        assert digest is not None, "an idempotency key row needs the payload digest"
-        changed.append(
-            (
-                rows.idempotency_key(path, event.idempotencyKey),
-                rows.encode_idempotency(event.offset, event.type, digest),
-            )
-        )
-    if append_id is not None:
-        changed.append((rows.append_id_key(path, append_id), str(event.offset).encode()))
-    changed.append((rows.meta_key(path), rows.encode_meta(state, sources)))  # metadata last
+    changed: list[rows.Row] = list(row_codec.change_rows(path, state.drain_changes()))
+    changed += dedupe.dedupe_rows(
+        path, event.offset, event.type, event.idempotencyKey, digest, append_id, window=window, read=read
+    )
+    changed.append((rows.meta_key(path), row_codec.encode_meta(state, sources)))  # metadata last
     return changed

@@ -14,7 +14,7 @@ from typing import Any
 from processors.state import AgentState, Cell, OpenRequest, PendingTrigger, ScriptRun, TriggerSource, UsageReport
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.config import merge_config
-from schemas.context import ContextItem, IntegrationActor, LlmRequestPolicy
+from schemas.context import EXTERNAL_INPUT_ACTOR_TYPES, ContextItem, IntegrationActor, LlmRequestPolicy
 from schemas.events import (
     AGENT_CONFIGURED,
     AGENT_CREATED,
@@ -30,9 +30,6 @@ from schemas.events import (
 
 SYSTEM_PROMPT_KEY = "agent/system-prompt"
 
-# Developer items from these actors are external input (docs/behaviour.md §4.1); other developer items are
-# agent-loop feedback. Script results are agent-loop even though they render as provider user.
-EXTERNAL_DEVELOPER_ACTORS = frozenset({"user", "integration", "slack", "telegram", "email", "github"})
 
 STREAM_ERROR_ACTOR = IntegrationActor(type="integration", name="stream-error")
 DONT_TRIGGER = LlmRequestPolicy(behaviour="dont-trigger-request")
@@ -60,7 +57,7 @@ def trigger_source(item: ContextItem) -> TriggerSource | None:
     if item.role == "user":
         return "external"
     actor = item.actor
-    if actor is not None and actor.type in EXTERNAL_DEVELOPER_ACTORS:
+    if actor is not None and actor.type in EXTERNAL_INPUT_ACTOR_TYPES:  # §4.1; others are agent-loop feedback
         return "external"
     return "agent-loop"
 

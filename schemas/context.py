@@ -6,6 +6,7 @@ Every model here is strict about unknown fields (`extra="forbid"`): an unexpecte
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -76,8 +77,31 @@ Actor = Annotated[
     Field(discriminator="type"),
 ]
 
-# Actor types whose text is third-party data: never rendered with instruction precedence.
-EXTERNAL_ACTOR_TYPES = frozenset({"user", "integration", "slack", "telegram", "email", "github", "script"})
+
+@dataclass(frozen=True, slots=True)
+class ActorTrust:
+    """What an actor type of an item means to the renderer, the reducer and the append gate."""
+
+    third_party: bool  # its text is data, never instructions: a developer item renders as user (§3.1)
+    external: bool  # a developer item from it is external input: a new turn budget (§4.1)
+    integration: bool  # an integration-tier token may append items with it (§7.2)
+
+
+# The one trust table (docs/behaviour.md §3.1, §4.1, §7.2). A script result is third-party text
+# but agent-loop feedback: provider trust and turn budgeting are separate decisions.
+ACTOR_TRUST: dict[str, ActorTrust] = {
+    "user": ActorTrust(third_party=True, external=True, integration=False),
+    "agent": ActorTrust(third_party=False, external=False, integration=False),
+    "script": ActorTrust(third_party=True, external=False, integration=False),
+    "integration": ActorTrust(third_party=True, external=True, integration=True),
+    "slack": ActorTrust(third_party=True, external=True, integration=True),
+    "telegram": ActorTrust(third_party=True, external=True, integration=True),
+    "email": ActorTrust(third_party=True, external=True, integration=True),
+    "github": ActorTrust(third_party=True, external=True, integration=True),
+}
+THIRD_PARTY_ACTOR_TYPES = frozenset(kind for kind, trust in ACTOR_TRUST.items() if trust.third_party)
+EXTERNAL_INPUT_ACTOR_TYPES = frozenset(kind for kind, trust in ACTOR_TRUST.items() if trust.external)
+INTEGRATION_ACTOR_TYPES = frozenset(kind for kind, trust in ACTOR_TRUST.items() if trust.integration)
 
 
 # --- refs (coordinates of richer source material) ---------------------------------------------

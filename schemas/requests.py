@@ -6,14 +6,17 @@ Keyed by stream path. The processor renders a request's messages once, when the 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field
 
 from schemas.context import PositiveInt, Wire
 from schemas.events import StreamPath
 
+# How a request reaches its provider (docs/behaviour.md §3.2): `openai-compatible` has no confirmed
+# developer role. The one definition: settings, renderer, records and caller use this.
 Transport = Literal["openai", "openai-compatible"]
+TRANSPORTS: tuple[Transport, ...] = get_args(Transport)
 
 # Size limits of one record (docs/behaviour.md §3). The renderer keeps a request's `messages` (UTF-8 JSON)
 # within a budget of at most MAX_MESSAGES_BYTES, so a call or compact record of any projection fits
@@ -67,7 +70,16 @@ class CompactRequest(Wire):
     messages: list[Message]  # request R's messages, byte for byte, without the instruction
 
 
-LlmRequestRecord = Annotated[CallRequest | CancelRequest | CompactRequest, Field(discriminator="kind")]
+class SettledNotice(Wire):
+    """R is settled in the journal. A caller still working on R, or about to (re-reading records
+    after a restart), stops and appends nothing: its outcome would repeat one already journaled."""
+
+    kind: Literal["settled"]
+    streamPath: StreamPath
+    requestOffset: PositiveInt
+
+
+LlmRequestRecord = Annotated[CallRequest | CancelRequest | CompactRequest | SettledNotice, Field(discriminator="kind")]
 
 # Appended as the trailing developer message of a compaction call.
 COMPACTION_INSTRUCTION = (

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what agentstream needs into <repo>/.venv: the Python deps (pinned in pyproject.toml,
-# dev extras included) and the Kafka broker jars (Maven). Idempotent; safe to re-run.
+# dev extras included), the Kafka broker jars (Maven) and, when missing, Debian's chromium and
+# chromedriver for the console's browser tests (apt-get, as root or through sudo). Idempotent; safe to re-run.
 #   --model   also install the embedded model (llama-cpp-python compiles: minutes the first time)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,19 @@ fi
 
 echo "==> Kafka jars"
 scripts/kafka/fetch.sh
+
+# The web console's browser tests (tests/test_console_browser.py) drive Debian's chromium through
+# its chromedriver; test tools cannot download a browser of their own here.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  echo "==> chromium and chromedriver (Debian packages, for the console's browser tests)"
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null || { echo "install.sh: run as root or install sudo to get chromium" >&2; exit 2; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver
+fi
 
 if [[ "${1:-}" == "--model" ]]; then
   echo "==> embedded model"

@@ -128,7 +128,11 @@ def test_replay_out_refuses_a_foreign_or_live_directory(stack: Stack, tmp_path: 
         assert one_line(result.stderr) and "the live data directory" in result.stderr
         assert "choose a directory outside it" in result.stderr
     assert not (data_dir / "sub").exists()
-    assert sorted(p.relative_to(data_dir) for p in data_dir.rglob("*")) == live_before
+    # The running worker may add files meanwhile; replay must neither remove one nor write its own.
+    live_after = {p.relative_to(data_dir) for p in data_dir.rglob("*")}
+    assert set(live_before) <= live_after
+    assert not [p for p in live_after if p.name == ".agentstream-replay"]
+    assert not any(data_dir.glob("rows-*.db")) and not (data_dir.parent / ".agentstream-replay").exists()
 
     # Its own output (marked) may be replayed into again, as may a new or an empty directory.
     empty = tmp_path / "empty"

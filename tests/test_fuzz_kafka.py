@@ -42,7 +42,7 @@ from pipeline.journal_processor import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
 from pipeline.metrics import dlq_reason_label
 from pipeline.partitioner import partition_for
 from pipeline.replay import RdictRows, live_store_paths, open_rows, replay, verify
-from processors import rows
+from processors import row_codec, rows
 from schemas.events import (
     AGENT_CONFIGURED,
     AGENT_CREATED,
@@ -327,7 +327,7 @@ def test_fuzz_no_record_stops_the_worker_is_lost_or_leaks_into_another_stream(st
             table = RdictRows(db)
             for key, meta in list(table.scan(rows.META + rows.SEP)):
                 path = key[2:].decode()
-                state, _ = rows.load_state(meta, table.scan(rows.items_prefix(path)))
+                state, _ = row_codec.load_state(meta, table.scan(rows.items_prefix(path)))
                 for cell in (*state.system.cells, *state.history.cells):
                     tag = TAG.match(cell.item.content)
                     if tag is not None and tag.group(1) != path:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from pipeline.llm_caller import LlmCaller
+from pipeline.caller import LlmCaller
 from pipeline.settings import Settings
 from processors import llm_outcomes
 from schemas.events import (
@@ -938,7 +938,7 @@ class CallerProcess:
         self.log_path = log_path
         self.offset = log_path.stat().st_size if log_path.exists() else 0
         code = (
-            "from pipeline.llm_caller import run; from pipeline.settings import Settings; "
+            "from pipeline.caller import run; from pipeline.settings import Settings; "
             "run(Settings.from_env(), shutdown_timeout_s=10, session_timeout_ms=6000, commit_interval_s=0.1)"
         )
         with log_path.open("ab") as log:

@@ -16,9 +16,16 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.journal_processor import H_REASON, H_SOURCE_OFFSET, Command, CommandPositions, PartitionEngine
+from pipeline.journal_processor import (
+    H_REASON,
+    H_SOURCE_OFFSET,
+    Command,
+    CommandPositions,
+    PartitionEngine,
+    changelog_order,
+)
 from processors import rows
-from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED
 from topics.names import topic_names
 
 NAMES = topic_names("t-")
@@ -320,32 +327,112 @@ def test_command_positions_are_the_end_of_the_done_prefix(order: list[int]) -> N
     assert positions.done == {False: 12, True: -1}
 
 
-def test_a_redelivered_request_command_publishes_its_call_record_again_exactly() -> None:
-    """The worker may die between journaling a request and publishing its call record: the
-    request command, read again, republishes the record, rendered as the request saw it (later
-    items left out), byte for byte, even after the stream's state was reloaded from its rows."""
+def restarted(h: Harness) -> PartitionEngine:
+    """A new engine on the same stored rows: what a restarted worker holds (nothing in memory)."""
+    return PartitionEngine(0, h.table, NAMES, h.kafka.send, max_cached_streams=100, fatal=h.fatal.append)
+
+
+def llm_requests(h: Harness) -> list[dict[str, Any]]:
+    return [orjson.loads(r.value) for r in h.kafka.on(NAMES.llm_requests)]
+
+
+SYSTEM = {"type": CONTEXT_ADDED, "payload": {"role": "system", "content": "be brief", "key": "agent/system-prompt"}}
+
+
+def request(idempotency_key: str, model: str = "m") -> dict[str, Any]:
+    payload = {"model": model, "expiresAt": 2**40}
+    return {"type": LLM_REQUEST_REQUESTED, "payload": payload, "idempotencyKey": idempotency_key}
+
+
+def test_recovery_publishes_an_open_requests_call_record_again_exactly() -> None:
+    """The worker may die between journaling a request and publishing its call record: after the
+    restart the open request's record goes out again, rendered as the request saw it (items
+    journaled after it left out), byte for byte, from the stored rows alone."""
 
     async def scenario() -> None:
         h = Harness()
-        system = {"role": "system", "content": "be brief", "key": "agent/system-prompt"}
-        await h.handle(h.command({"type": CONTEXT_ADDED, "payload": system}), h.command(user("hello")))
-        requested = h.command(
-            {"type": LLM_REQUEST_REQUESTED, "payload": {"model": "m", "expiresAt": 2**40}, "idempotencyKey": "r/2"},
-            internal=True,
-        )
-        await h.handle(requested)
+        await h.handle(h.command(SYSTEM), h.command(user("hello")))
+        await h.handle(h.command(request("r/2"), internal=True))
         await h.settle()
-        (first,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.llm_requests)]
+        (first,) = llm_requests(h)
         notes = {"role": "developer", "content": "after the request", "key": "notes"}
         await h.handle(h.command({"type": CONTEXT_ADDED, "payload": notes}), h.command(user("more")))
         await h.settle()
-        h.engine.streams.clear()  # reload from rows: nothing of the first rendering in memory
-        await h.handle(requested)  # the same record again
+        engine = restarted(h)
+        again = engine.resume_open_work()
+        assert [(topic, key) for topic, key, _ in again] == [(NAMES.llm_requests, PATH.encode())]
+        assert orjson.loads(again[0][2]) == first
+        assert b"after the request" not in again[0][2]
+        assert engine.wakeups and engine.wakeups[0][1] == PATH  # the scheduler looks at it again too
+
+    run(scenario())
+
+
+def test_a_journaled_settlement_notifies_the_caller_and_recovery_publishes_nothing_more() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(SYSTEM), h.command(user("hello")))
+        await h.handle(h.command(request("r/2"), internal=True))
+        settled = {"requestOffset": 3, "result": {"status": "succeeded", "text": "hi"}}
+        await h.handle(h.command({"type": LLM_REQUEST_SETTLED, "payload": settled}, internal=True))
         await h.settle()
-        records = [r.value for r in h.kafka.on(NAMES.llm_requests)]
-        assert len(records) == 2 and orjson.loads(records[1]) == first
-        assert "after the request" not in records[1].decode()
-        assert len(h.kafka.on(NAMES.journal)) == 5  # nothing journaled twice
+        # Once the settlement is journaled the caller is told, so a re-read call record is dropped.
+        assert llm_requests(h)[1] == {"kind": "settled", "streamPath": PATH, "requestOffset": 3}
+        assert restarted(h).resume_open_work() == []
+
+    run(scenario())
+
+
+def test_recovery_publishes_the_cancel_of_an_interrupted_open_request_after_its_call_record() -> None:
+    """An interrupt journaled while R is open: its cancel may be lost with the worker. After the
+    restart R's call record and then the cancel go out (same partition, in that order), so a caller
+    that never ran R settles it cancelled at once, and one that runs it aborts it."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(SYSTEM), h.command(user("hello")))
+        await h.handle(h.command(request("r/2"), internal=True))
+        interrupt = user("stop", llmRequestPolicy={"behaviour": "interrupt-current-request"})
+        interrupt["payload"]["llmRequestPolicy"] = interrupt.pop("llmRequestPolicy")
+        await h.handle(h.command(interrupt))
+        await h.settle()
+        assert [r["kind"] for r in llm_requests(h)] == ["call", "cancel"]
+        again = [orjson.loads(value) for _, _, value in restarted(h).resume_open_work()]
+        assert [r["kind"] for r in again] == ["call", "cancel"]
+        assert again[1] == {
+            "kind": "cancel",
+            "streamPath": PATH,
+            "requestOffset": 3,
+            "reason": "interrupted-by-user-input",
+        }
+
+    run(scenario())
+
+
+def test_recovery_publishes_a_pending_compaction_with_the_messages_of_its_request() -> None:
+    """A usage report over the threshold asks for a compaction of R with R's messages, byte for
+    byte. After a restart those messages are no longer in memory: they are rendered again from the
+    rows, and the compaction goes out (formerly it was skipped with a warning)."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(SYSTEM), h.command(user("hello")))
+        await h.handle(h.command(request("r/3"), internal=True))
+        await h.settle()
+        (call,) = llm_requests(h)
+        answer = {"role": "assistant", "content": "hi", "llmRequestOffset": 3}
+        settled = {"requestOffset": 3, "result": {"status": "succeeded", "text": "hi"}}
+        usage = {"llmRequestOffset": 3, "model": "m", "maxContextTokens": 100, "inputTokens": 90, "outputTokens": 5}
+        await h.handle(
+            h.command({"type": CONTEXT_ADDED, "payload": answer}, internal=True),
+            h.command({"type": LLM_REQUEST_SETTLED, "payload": settled}, internal=True),
+            h.command({"type": TOKEN_USAGE_REPORTED, "payload": usage}, internal=True),
+        )
+        await h.settle()
+        live = [r for r in llm_requests(h) if r["kind"] == "compact"]
+        assert len(live) == 1 and live[0]["messages"] == call["messages"]
+        again = [orjson.loads(value) for _, _, value in restarted(h).resume_open_work()]
+        assert again == live  # the same record, rendered from the rows
 
     run(scenario())
 
@@ -372,5 +459,75 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
         (item,) = [m for m in record["messages"] if m["role"] == "user"]
         assert len(item["content"].encode()) <= 6000
         assert "Item @2 was cut to fit the request" in item["content"]
+
+    run(scenario())
+
+
+class BurstRows(DictRows):
+    """Stores each commit whole, and keeps every burst in its changelog order, so a test can
+    restore what a worker killed mid-burst leaves: the stored rows before it plus any prefix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bursts: list[tuple[dict[bytes, bytes], list[tuple[bytes, bytes | None]]]] = []
+
+    async def commit(self) -> None:
+        before = dict(self.stored)
+        self.bursts.append((before, changelog_order(self.buffer)))
+        await super().commit()
+
+
+def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() -> None:
+    """A worker killed mid-burst leaves a prefix of the burst in the changelog, and the table's
+    restore applies it. Whatever the prefix, catch-up must rebuild exactly the rows of the whole
+    burst: before the burst order put each stream's metadata row last, a prefix holding a metadata
+    row but not the item rows before it made catch-up skip those events for good (found by the
+    SIGKILL storm of tests/test_kill.py: receipts and item rows lost)."""
+
+    async def scenario() -> None:
+        h = Harness()
+        h.table = table = BurstRows()
+        h.engine = PartitionEngine(0, table, NAMES, h.kafka.send, max_cached_streams=100, fatal=h.fatal.append)
+        other = "/agents/b"
+
+        def on(path: str, body: dict[str, Any]) -> Command:
+            command = h.command(body)
+            value = orjson.loads(command.value)
+            value["streamPath"] = path
+            return Command(0, command.offset, path.encode(), orjson.dumps(value), {})
+
+        await h.handle(h.command(SYSTEM), h.command(user("first", appendId="a0")))
+        await h.settle()
+        # One burst: several commands of two streams, a keyed slot replaced, dedupe rows.
+        note = {"role": "developer", "content": "v1", "key": "notes"}
+        note2 = {"role": "developer", "content": "v2", "key": "notes"}
+        await h.handle(
+            h.command(user("one", appendId="a1")),
+            on(other, user("b-one", appendId="b1")),
+            h.command({"type": CONTEXT_ADDED, "payload": note, "idempotencyKey": "n1"}),
+            h.command(user("two", appendId="a2")),
+            on(other, user("b-two", appendId="b2")),
+            h.command({"type": CONTEXT_ADDED, "payload": note2, "idempotencyKey": "n2"}),
+            h.command(user("three", appendId="a3")),
+        )
+        await h.settle()
+        assert not h.fatal
+        full = {k: v for k, v in table.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+        journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
+        before, burst = next(b for b in reversed(table.bursts) if any(k.startswith(rows.ITEM) for k, _ in b[1]))
+        for n in range(len(burst) + 1):
+            restored = DictRows()
+            restored.stored = dict(before)
+            for key, value in burst[:n]:
+                if value is None:
+                    restored.stored.pop(key, None)
+                else:
+                    restored.stored[key] = value
+            engine = PartitionEngine(0, restored, NAMES, h.kafka.send, max_cached_streams=100)
+            position = engine.recorded_position()
+            engine.catch_up([record for record in journal if record[0] > position], [])
+            await restored.commit()
+            again = {k: v for k, v in restored.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+            assert again == full, f"prefix of {n} of {len(burst)} rows: {sorted(set(again) ^ set(full))[:5]}"
 
     run(scenario())

@@ -33,7 +33,7 @@ from processors.render import (
     turn_json,
 )
 from processors.state import AgentState, Cell
-from schemas.context import EXTERNAL_ACTOR_TYPES
+from schemas.context import THIRD_PARTY_ACTOR_TYPES
 from schemas.events import (
     CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
@@ -245,7 +245,7 @@ def test_3_1_external_actor_and_summary_content_never_rendered_as_system_or_deve
             for cell, message in zip(cells, messages[1:-1], strict=True):
                 assert message["content"].startswith(f"@{cell.offset}")
                 item = cell.item
-                third_party = item.actor is not None and item.actor.type in EXTERNAL_ACTOR_TYPES
+                third_party = item.actor is not None and item.actor.type in THIRD_PARTY_ACTOR_TYPES
                 if third_party or item.compaction is not None:
                     assert message["role"] not in ("system", "developer"), (item, message)
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL, PartitionEngine
 from pipeline.replay_fold import PartitionFold, Record, decode_record
-from processors import rows
+from processors import row_codec, rows
 from processors.journal import Journaled, journal_command, payload_hash
 from processors.state import AgentState, SourceOffsets
 from schemas.events import (
@@ -93,7 +93,7 @@ class LiveJournal:
             headers.append((H_APPEND_ID, append_id.encode()))
         self.raw(outcome.record, headers)
         if key is not None:
-            self.digests[(path, key)] = rows.decode_idempotency(self.rows[rows.idempotency_key(path, key)])[2]
+            self.digests[(path, key)] = row_codec.decode_idempotency(self.rows[rows.idempotency_key(path, key)])[2]
         return outcome.event.offset
 
     def raw(self, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> None:
@@ -345,6 +345,7 @@ def test_fold_rows_equal_catch_up_rows_and_live_rows(batch: int) -> None:
     # The live path stored the same rows; its journal position row is the journal's own offset.
     position = rows.position_key(0)
     assert rows_replayed.pop(position) == str(len(live.records) - 1).encode()
+    assert rows_replayed.pop(rows.format_key(0)) == row_codec.encode_format()  # written on open, not per event
     assert rows_replayed == live.stored()
 
 
@@ -366,8 +367,8 @@ def test_take_returns_each_changed_row_once_with_its_latest_value() -> None:
     fold = PartitionFold(0)
     fold.fold(live.records)
     batch = fold.take()
-    meta = rows.decode_meta(batch[rows.meta_key("/agents/slot")])[0]
+    meta = row_codec.decode_meta(batch[rows.meta_key("/agents/slot")])[0]
     assert meta.cursor == 5
     items = [value for key, value in batch.items() if key.startswith(rows.items_prefix("/agents/slot"))]
-    assert len(items) == 1 and rows.decode_cell(items[0]).item.content == "v4"
+    assert len(items) == 1 and row_codec.decode_cell(items[0]).item.content == "v4"
     assert fold.take() == {}  # nothing changed since

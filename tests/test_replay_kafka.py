@@ -34,7 +34,7 @@ from pipeline.replay import (
     replay,
     verify,
 )
-from processors import rows
+from processors import row_codec, rows
 from schemas.events import (
     CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
@@ -166,9 +166,9 @@ def test_parallel_replay_equals_serial_replay_equals_live(
         replayed.update(rows_of(tmp_path / "parallel" / f"rows-{partition}.db"))
         assert rows.position_key(partition) in replayed
     for path in STREAMS:
-        state, _ = rows.decode_meta(replayed[rows.meta_key(path)])
+        state, _ = row_codec.decode_meta(replayed[rows.meta_key(path)])
         assert state.compacted_through > 0 and state.open is None and state.usage.inputTokens == 180
-        assert rows.decode_idempotency(replayed[rows.idempotency_key(path, f"web/{path}/0")])[0] == 2
+        assert row_codec.decode_idempotency(replayed[rows.idempotency_key(path, f"web/{path}/0")])[0] == 2
         assert rows.idempotency_key(path, "request/1") in replayed
     assert sum(key.startswith(rows.APPEND_ID + rows.SEP) for key in replayed) >= len(STREAMS) * 10
 

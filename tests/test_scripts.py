@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pipeline.capabilities.grants import call_key, parse_ref, shown_event
 from pipeline.cli import main
-from processors import rows
+from processors import row_codec
 from processors.scripts import (
     crashed,
     execution_id,
@@ -273,16 +273,16 @@ def test_turn_state_shows_a_running_script_until_it_settles_and_rows_carry_it() 
     j.append(SCRIPT_RUN_STARTED, {"executionId": execution})
     state = j.fold()
     assert state.status == "running-script" and state.scripts[execution].started
-    restored, _ = rows.decode_meta(rows.encode_meta(state, SourceOffsets()))
+    restored, _ = row_codec.decode_meta(row_codec.encode_meta(state, SourceOffsets()))
     assert restored.scripts == state.scripts
     j.append(SCRIPT_RUN_SETTLED, {"executionId": execution, "settlement": succeeded(None, "")})
     assert j.fold().status == "idle"
 
 
 def test_turn_state_rows_written_before_script_runs_still_read() -> None:
-    meta = orjson.loads(rows.encode_meta(AgentState(stream_path="/a"), SourceOffsets()))
+    meta = orjson.loads(row_codec.encode_meta(AgentState(stream_path="/a"), SourceOffsets()))
     del meta["scripts"]
-    state, _ = rows.decode_meta(orjson.dumps(meta))
+    state, _ = row_codec.decode_meta(orjson.dumps(meta))
     assert state.scripts == {}
 
 

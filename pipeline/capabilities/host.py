@@ -34,7 +34,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
 
-from pipeline import metrics
+from pipeline import exit_codes, metrics
 from pipeline.capabilities.config import HostConfig
 from pipeline.capabilities.grants import Grants, outcome
 from pipeline.capabilities.journal import JournalReader
@@ -48,8 +48,6 @@ from topics.names import topic_names
 
 log = logging.getLogger("agentstream.capabilities")
 
-EXIT_KAFKA = 3
-EXIT_FATAL = 70
 OUTCOME_WAIT_S = 10.0  # one wait for the journal's answer; repeated (never re-sent) until it comes
 
 
@@ -423,8 +421,8 @@ def run(settings: Settings, config: HostConfig | None = None) -> None:
     except AppendError as error:  # the topics are missing or Kafka is unreachable at startup
         log.error("capability host cannot start: %s", error)
         logging.shutdown()
-        raise SystemExit(EXIT_KAFKA) from None
+        raise SystemExit(exit_codes.KAFKA) from None
     if host.fatal is not None:
         log.critical("capability host stopped on an error (uncommitted runs go to the next host): %s", host.fatal)
         logging.shutdown()
-        raise SystemExit(EXIT_FATAL)
+        raise SystemExit(exit_codes.FATAL)

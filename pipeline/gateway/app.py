@@ -34,6 +34,7 @@ from pipeline.gateway.commands import (
     prepare_line,
     prepare_submission,
 )
+from pipeline.gateway.console.routes import build_console
 from pipeline.gateway.kafka import CommandProducer, KafkaUnavailable, ResultsFollower, Saturated
 from pipeline.gateway.tokens import TokenBook
 from pipeline.gateway.webhooks import (
@@ -244,6 +245,7 @@ def build_app(
         try:
             yield
         finally:
+            await asyncio.to_thread(console.close)
             await asyncio.to_thread(gateway.results.close)
             await asyncio.to_thread(gateway.producer.close)
 
@@ -256,6 +258,8 @@ def build_app(
     app.state.gateway = gateway
     app.add_middleware(MetricsMiddleware)
     _exception_handlers(app)
+    console_app, console = build_console(gateway)  # the web console (docs/operations.md, "Web console")
+    app.mount("/console", console_app)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Response:

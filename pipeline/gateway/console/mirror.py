@@ -1,0 +1,336 @@
+"""The console's view of the journal: every stream folded as the journal worker folds it.
+
+A `JournalMirror` follows the whole `agent-journal` topic from its start (one background consumer
+thread, no consumer group commits) and folds each stream's events with the reducer itself
+(`processors.reducer.fold`), so the console shows exactly the state the worker decides from. It
+keeps, per stream, the folded state and the Kafka offset of each journal offset (8 bytes an event):
+a page of an old journal is read back from Kafka by offset, never by scanning the partition. The
+most recent records stay in a cache bounded in bytes, so live pages read nothing from Kafka.
+
+The mirror starts on the first console request: a gateway used only as an API pays nothing.
+Changes are handed to the event loop with `call_soon_threadsafe`; subscribers (server-sent event
+streams) are woken per stream path. docs/operations.md, "Web console", states the memory cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from pipeline.client import consume_ready, watermarks
+from pipeline.settings import Settings
+from processors.reducer import fold
+from processors.state import AgentState
+from schemas.events import (
+    AGENT_PAUSED,
+    AGENT_RESUMED,
+    LLM_REQUEST_REQUESTED,
+    EnvelopeError,
+    InvalidPayloadEvent,
+    decode_event,
+)
+
+log = logging.getLogger("agentstream.gateway.console")
+
+CACHE_BYTES = 64 * 1024 * 1024
+FETCH_TIMEOUT_S = 10.0
+# Reading a page back: a wanted record this close after the last one read is reached by reading
+# on rather than by re-assigning the partition.
+READ_ON_RECORDS = 200
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    created_at: str
+    model: str
+
+
+@dataclass(slots=True)
+class StreamEntry:
+    path: str
+    partition: int
+    state: AgentState = field(default_factory=AgentState)
+    positions: array[int] = field(default_factory=lambda: array("q"))  # journal offset i+1 -> Kafka offset
+    requests: dict[int, RequestInfo] = field(default_factory=dict)
+    pause_reason: str | None = None
+
+
+class RecordCache:
+    """Raw journal records by (path, offset), least recently used out first, bounded in bytes."""
+
+    def __init__(self, budget: int) -> None:
+        self._budget = budget
+        self._size = 0
+        self._records: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    def put(self, key: tuple[str, int], value: bytes) -> None:
+        if len(value) > self._budget // 16:
+            return  # one huge record must not flush everything else
+        old = self._records.pop(key, None)
+        if old is not None:
+            self._size -= len(old)
+        self._records[key] = value
+        self._size += len(value)
+        while self._size > self._budget:
+            _, dropped = self._records.popitem(last=False)
+            self._size -= len(dropped)
+
+    def get(self, key: tuple[str, int]) -> bytes | None:
+        value = self._records.get(key)
+        if value is not None:
+            self._records.move_to_end(key)
+        return value
+
+
+class Subscriber:
+    """A live page: woken when a stream it watches changes."""
+
+    def __init__(self, wants: Callable[[str], bool]) -> None:
+        self.wants = wants
+        self.wake = asyncio.Event()
+
+
+class JournalMirror:
+    def __init__(self, settings: Settings, topic: str, cache_bytes: int = CACHE_BYTES) -> None:
+        self._settings = settings
+        self._topic = topic
+        self.lock = threading.Lock()  # guards entries, states and the cache (follower vs. pages)
+        self._entries: dict[str, StreamEntry] = {}
+        self._cache = RecordCache(cache_bytes)
+        self._subscribers: set[Subscriber] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._started = False
+        self._start_lock = threading.Lock()
+        self._ends: dict[int, int] | None = None  # high watermarks at start: "caught up" once reached
+        self._reached: dict[int, int] = {}
+        self.caught_up = False
+        self.problem: str | None = None
+        self._thread = threading.Thread(target=self._follow, name="console-mirror", daemon=True)
+        self._reader_lock = threading.Lock()
+        self._reader: Consumer | None = None
+
+    # --- life ------------------------------------------------------------------------------------
+
+    def ensure_started(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._start_lock:
+            if not self._started:
+                self._loop = loop
+                self._started = True
+                self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+    # --- reading ---------------------------------------------------------------------------------
+
+    def paths(self) -> list[str]:
+        with self.lock:
+            return list(self._entries)
+
+    def read(self, path: str, view: Callable[[StreamEntry], T]) -> T | None:
+        """`view(entry)` under the lock (the follower folds meanwhile otherwise); None: no such stream."""
+        with self.lock:
+            entry = self._entries.get(path)
+            return None if entry is None else view(entry)
+
+    def read_all(self, view: Callable[[StreamEntry], T], wanted: Callable[[str], bool]) -> list[T]:
+        with self.lock:
+            return [view(entry) for path, entry in self._entries.items() if wanted(path)]
+
+    async def events(self, path: str, offsets: list[int]) -> list[Any]:
+        """Decoded journal events of `path` at `offsets` (in that order; unknown offsets left out)."""
+        raw: dict[int, bytes] = {}
+        missing: dict[int, int] = {}  # Kafka offset -> journal offset
+        partition = 0
+        with self.lock:
+            entry = self._entries.get(path)
+            if entry is None:
+                return []
+            partition = entry.partition
+            for offset in offsets:
+                if not 1 <= offset <= len(entry.positions):
+                    continue
+                cached = self._cache.get((path, offset))
+                if cached is not None:
+                    raw[offset] = cached
+                else:
+                    missing[entry.positions[offset - 1]] = offset
+        if missing:
+            fetched = await asyncio.to_thread(self._fetch, partition, sorted(missing))
+            for position, value in fetched.items():
+                raw[missing[position]] = value
+        events = []
+        for offset in offsets:
+            value = raw.get(offset)
+            if value is not None:
+                try:
+                    events.append(decode_event(value))
+                except EnvelopeError:
+                    continue
+        return events
+
+    def _fetch(self, partition: int, positions: list[int]) -> dict[int, bytes]:
+        """Records of one journal partition at these Kafka offsets (ascending)."""
+        wanted = set(positions)
+        found: dict[int, bytes] = {}
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = self._consumer()
+            reader = self._reader
+            deadline = time.monotonic() + FETCH_TIMEOUT_S
+            index = 0
+            last_read = -1
+            while index < len(positions) and time.monotonic() < deadline:
+                target = positions[index]
+                if last_read < 0 or not last_read < target <= last_read + READ_ON_RECORDS:
+                    reader.assign([TopicPartition(self._topic, partition, target)])
+                messages = consume_ready(reader, 500, 1.0)
+                if not messages:
+                    index += 1  # gone (retention): leave it out rather than wait for it
+                    last_read = -1
+                    continue
+                for message in messages:
+                    if message.error() is not None or message.partition() != partition:
+                        continue
+                    last_read = message.offset()
+                    if last_read in wanted:
+                        found[last_read] = message.value()
+                while index < len(positions) and (positions[index] in found or positions[index] <= last_read):
+                    index += 1
+            reader.unassign()
+        return found
+
+    # --- live pages ------------------------------------------------------------------------------
+
+    def subscribe(self, wants: Callable[[str], bool]) -> Subscriber:
+        subscriber = Subscriber(wants)
+        self._subscribers.add(subscriber)
+        return subscriber
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+    def _notify(self, changed: set[str], everyone: bool = False) -> None:
+        for subscriber in list(self._subscribers):
+            if everyone or any(subscriber.wants(path) for path in changed):
+                subscriber.wake.set()
+
+    # --- following the journal -------------------------------------------------------------------
+
+    def _consumer(self) -> Consumer:
+        return Consumer(
+            {
+                **self._settings.kafka_client_config(),
+                "group.id": f"agentstream-console-{uuid.uuid4().hex}",  # never joins or commits
+                "enable.auto.commit": False,
+                "log_level": 3,
+                "logger": log,
+            }
+        )
+
+    def _follow(self) -> None:
+        consumer = self._consumer()
+        try:
+            while not self._stop.is_set() and not self._assign(consumer):
+                self._stop.wait(2.0)
+            while not self._stop.is_set():
+                messages = consume_ready(consumer, 1000, 0.2)
+                if messages:
+                    was_caught_up = self.caught_up
+                    changed = self._apply(messages)
+                    everyone = self.caught_up and not was_caught_up  # every page drops its "catching up" notice
+                    if (changed or everyone) and self._loop is not None:
+                        self._loop.call_soon_threadsafe(self._notify, changed, everyone)
+        except Exception:  # the console must never take the gateway down: say so and stop following
+            log.exception("the web console stopped following %s", self._topic)
+            self.problem = f"the console stopped following {self._topic}; see the gateway log"
+        finally:
+            consumer.close()
+
+    def _assign(self, consumer: Consumer) -> bool:
+        try:
+            metadata = consumer.list_topics(self._topic, timeout=5).topics[self._topic]
+            if metadata.error is not None:
+                self.problem = f"{self._topic}: {metadata.error.str()}"
+                return False
+            partitions = []
+            ends = {}
+            for p in metadata.partitions:
+                low, high = watermarks(consumer, TopicPartition(self._topic, p), timeout=5)
+                partitions.append(TopicPartition(self._topic, p, low))
+                if high > low:
+                    ends[p] = high
+        except KafkaException as error:
+            self.problem = f"cannot read {self._topic}: {error.args[0].str()}"
+            return False
+        consumer.assign(partitions)
+        self._ends = ends
+        self.caught_up = not ends
+        self.problem = None
+        return True
+
+    def _apply(self, messages: list[Any]) -> set[str]:
+        changed: set[str] = set()
+        with self.lock:
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                partition, position, value = message.partition(), message.offset(), message.value()
+                self._reached[partition] = position + 1
+                try:
+                    event = decode_event(value)
+                except EnvelopeError:
+                    continue
+                path = event.streamPath
+                entry = self._entries.get(path)
+                if entry is None:
+                    entry = self._entries[path] = StreamEntry(path, partition)
+                if self._add(entry, event, position, value):
+                    changed.add(path)
+            if not self.caught_up and self._ends is not None:
+                self.caught_up = all(self._reached.get(p, 0) >= end for p, end in self._ends.items())
+        return changed
+
+    def _add(self, entry: StreamEntry, event: Any, position: int, value: bytes) -> bool:
+        offset = event.offset
+        if offset <= entry.state.cursor:
+            return False  # a record the journal worker produced twice (at-least-once): folded already
+        positions = entry.positions
+        while len(positions) < offset - 1:
+            positions.append(-1)  # a gap the journal never leaves; keep offsets aligned anyway
+        positions.append(position)
+        self._cache.put((entry.path, offset), value)
+        try:
+            fold(entry.state, event)
+        except Exception:  # the reducer skips invalid payloads itself; anything else is logged, never fatal
+            log.exception("console: could not fold %s@%d", entry.path, offset)
+            entry.state.cursor = offset
+            return True
+        if isinstance(event, InvalidPayloadEvent):
+            return True
+        if event.type == LLM_REQUEST_REQUESTED:
+            entry.requests[offset] = RequestInfo(event.createdAt, event.payload.model)
+        elif event.type == AGENT_PAUSED and entry.state.paused:
+            entry.pause_reason = event.payload.reason
+        elif event.type == AGENT_RESUMED:
+            entry.pause_reason = None
+        return True

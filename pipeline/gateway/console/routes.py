@@ -1,0 +1,536 @@
+"""The console's HTTP routes: a small app mounted at /console of the gateway (docs/operations.md,
+"Web console").
+
+Thin on purpose: authenticate the session, check the stream is in the token's scope, ask the
+mirror, let `views` decide, render a template. Pages, fragments, the event stream and form posts
+all pass the same checks. Appends go through the API's own preparation (`prepare_submission`: shape,
+append gate, size), so the console can do nothing its token could not do over the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlencode
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from jinja2 import Environment, FileSystemLoader
+from starlette.staticfiles import StaticFiles
+
+from pipeline.agent_command import request_messages
+from pipeline.gateway.commands import Problem, new_append_id, prepare_submission
+from pipeline.gateway.console.mirror import JournalMirror, StreamEntry
+from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, Session, SessionBook, csrf_ok
+from pipeline.gateway.console.views import (
+    STATUS_LABELS,
+    agent_row,
+    cached_prefix,
+    cached_share,
+    event_view,
+    explain_turn,
+    filter_rows,
+    journal_page,
+    previous_request,
+    projection_items,
+    slice_page,
+)
+from processors.gate import Claims, in_scope
+from processors.render import TRANSPORTS, Transport, as_of_request, render_messages
+from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
+
+if TYPE_CHECKING:
+    from pipeline.gateway.app import Gateway
+
+HERE = Path(__file__).resolve().parent
+JOURNAL_PAGE = 50
+AGENTS_PAGE = 100
+LIVE_STREAM_S = 60.0  # an event stream ends after this; the browser reconnects (and a shutdown never waits long)
+KEEPALIVE_S = 15.0
+COALESCE_S = 0.2
+POLICIES = ("after-current-request", "interrupt-current-request", "dont-trigger-request")
+FETCH_HEADER = "x-console-fetch"
+
+SECURITY_HEADERS = {
+    # No inline script or style at all: model and user text can never become code.
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    claims: Claims
+    session: Session
+    session_id: str
+
+    def sees(self, path: str) -> bool:
+        return in_scope(path, self.claims.scope)
+
+
+class Refused(Exception):
+    """Answered as a page (or JSON for scripts): not signed in, not found, bad form."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+class Console:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.mirror = JournalMirror(gateway.settings, gateway.topics.journal)
+        self.sessions = SessionBook()
+        self.templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
+        self.templates.filters["q"] = lambda params: urlencode({k: v for k, v in params.items() if v is not None})
+
+    def close(self) -> None:
+        self.mirror.close()
+
+    # --- who is asking ---------------------------------------------------------------------------
+
+    def viewer(self, request: Request) -> Viewer | None:
+        session_id = request.cookies.get(COOKIE)
+        session = self.sessions.get(session_id)
+        if session is None or session_id is None:
+            return None
+        claims = self.gateway.tokens.claims(session.token)
+        if claims is None:  # revoked or removed from the tokens file: the session ends with it
+            self.sessions.close(session_id)
+            return None
+        self.mirror.ensure_started(asyncio.get_running_loop())
+        return Viewer(claims, session, session_id)
+
+    def entry_or_refuse(self, viewer: Viewer, path: str | None) -> str:
+        """`path` if the viewer may see it and it has events; the same 404 otherwise, so a token
+        outside the scope cannot even learn that a stream exists."""
+        if not path or not viewer.sees(path) or self.mirror.read(path, lambda _: True) is None:
+            raise Refused(404, "no stream with this path in your token's scope (or none yet)")
+        return path
+
+    # --- rendering -------------------------------------------------------------------------------
+
+    def page(self, template: str, viewer: Viewer | None, http_status: int = 200, **context: Any) -> HTMLResponse:
+        html = self.templates.get_template(template).render(
+            viewer=viewer,
+            csrf=viewer.session.csrf if viewer else "",
+            mirror=self.mirror,
+            status_labels=STATUS_LABELS,
+            **context,
+        )
+        return HTMLResponse(html, http_status)
+
+    def status_context(self, path: str) -> dict[str, Any]:
+        now_ms = int(time.time() * 1000)
+
+        def view(entry: StreamEntry) -> dict[str, Any]:
+            return {
+                "row": agent_row(path, entry.state),
+                "turn": explain_turn(entry.state, now_ms, self.settings.default_model, entry.pause_reason),
+                "paused": entry.state.paused,
+            }
+
+        context = self.mirror.read(path, view)
+        assert context is not None
+        return {"path": path, **context}
+
+    async def rendered_request(
+        self, path: str, offset: int, transport: Transport
+    ) -> tuple[list[dict[str, Any]], str, str] | None:
+        """(messages, model, createdAt) of request `offset` as the model saw it, or None."""
+
+        def view(entry: StreamEntry) -> tuple[list[dict[str, Any]] | None, str, str] | None:
+            info = entry.requests.get(offset)
+            if info is None:
+                return None
+            as_of = as_of_request(entry.state, offset)  # exact unless a compaction came after it
+            messages = None if as_of is None else render_messages(as_of, transport, info.created_at)
+            return messages, info.model, info.created_at
+
+        found = self.mirror.read(path, view)
+        if found is None:
+            return None
+        messages, model, created_at = found
+        if messages is None:  # re-fold the journal up to the request, as `agentstream agent request` does
+            events = await self.mirror.events(path, list(range(1, offset + 1)))
+            if not events or events[-1].offset != offset:
+                return None
+            messages = request_messages(events, events[-1], transport)
+        return messages, model, created_at
+
+
+def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
+    """The console app (mount it at /console) and its state (close it on shutdown)."""
+    console = Console(gateway)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_middleware(SecurityHeaders)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    def for_script(request: Request) -> bool:
+        """Fragments, the event stream and fetch() posts are read by the page's script: JSON, not pages."""
+        return bool(request.headers.get(FETCH_HEADER)) or request.url.path.startswith(
+            ("/console/fragment/", "/console/live")
+        )
+
+    @app.exception_handler(Refused)
+    async def refused(request: Request, error: Refused) -> Response:
+        if for_script(request):
+            return JSONResponse({"error": "refused", "detail": error.detail}, error.status)
+        return console.page("error.html", console.viewer(request), error.status, detail=error.detail)
+
+    def signed_in(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
+        """Pages: a visitor without a session goes to the sign-in form."""
+
+        async def page(request: Request) -> Response:
+            viewer = console.viewer(request)
+            if viewer is None:
+                if request.method == "GET" and not for_script(request):
+                    return RedirectResponse("/console/login", 303)
+                raise Refused(401, "sign in again: the session ended or its token was revoked")
+            return await handler(request, viewer)
+
+        page.__name__ = handler.__name__
+        return page
+
+    def param(request: Request, name: str) -> str | None:
+        value = request.query_params.get(name)
+        return value if value else None
+
+    def int_param(request: Request, name: str) -> int | None:
+        value = param(request, name)
+        if value is None:
+            return None
+        if not value.isdigit():
+            raise Refused(400, f"{name} must be a positive integer")
+        return int(value)
+
+    # --- sign in and out -------------------------------------------------------------------------
+
+    @app.get("/")
+    async def root(request: Request) -> Response:
+        return RedirectResponse("/console/agents" if console.viewer(request) else "/console/login", 303)
+
+    @app.get("/login")
+    async def login_form(request: Request) -> Response:
+        return console.page("login.html", None)
+
+    @app.post("/login")
+    async def login(request: Request) -> Response:
+        form = await read_form(request, 16 * 1024)
+        token = form.get("token", "").strip()
+        if not token or gateway.tokens.claims(token) is None:
+            return console.page("login.html", None, 401, error="unknown or revoked token")
+        response = RedirectResponse("/console/agents", 303)
+        response.set_cookie(
+            COOKIE,
+            console.sessions.open(token),
+            max_age=int(SESSION_TTL_S),
+            path="/console",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @app.post("/logout")
+    async def logout(request: Request) -> Response:
+        viewer = console.viewer(request)
+        form = await read_form(request, 16 * 1024)
+        if viewer is not None and csrf_ok(viewer.session, form.get("csrf")):
+            console.sessions.close(viewer.session_id)
+        response = RedirectResponse("/console/login", 303)
+        response.delete_cookie(COOKIE, path="/console")
+        return response
+
+    # --- agents ----------------------------------------------------------------------------------
+
+    def agent_rows(request: Request, viewer: Viewer) -> dict[str, Any]:
+        query = param(request, "q") or ""
+        status = param(request, "status") or ""
+        page = int_param(request, "page") or 0
+        rows = console.mirror.read_all(lambda entry: agent_row(entry.path, entry.state), viewer.sees)
+        shown, more = slice_page(filter_rows(rows, query, status), page, AGENTS_PAGE)
+        return {"rows": shown, "q": query, "status": status, "page": page, "more": more}
+
+    @app.get("/agents")
+    @signed_in
+    async def agents(request: Request, viewer: Viewer) -> Response:
+        return console.page("agents.html", viewer, **agent_rows(request, viewer))
+
+    @app.get("/fragment/agents")
+    @signed_in
+    async def agents_fragment(request: Request, viewer: Viewer) -> Response:
+        return console.page("_agent_rows.html", viewer, **agent_rows(request, viewer))
+
+    @app.get("/fragment/notice")
+    @signed_in
+    async def notice_fragment(request: Request, viewer: Viewer) -> Response:
+        return console.page("_notice.html", viewer)
+
+    # --- one agent -------------------------------------------------------------------------------
+
+    @app.get("/agent")
+    @signed_in
+    async def agent(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        before = int_param(request, "before")
+        last = console.mirror.read(path, lambda entry: entry.state.cursor) or 0
+        page = journal_page(last, before, JOURNAL_PAGE)
+        events = await console.mirror.events(path, list(page.offsets))
+        return console.page(
+            "agent.html",
+            viewer,
+            tab="journal",
+            page=page,
+            events=[event_view(event) for event in events],
+            newest=page.offsets[0] if page.offsets else 0,
+            live=before is None,
+            policies=POLICIES,
+            **console.status_context(path),
+        )
+
+    @app.get("/fragment/journal")
+    @signed_in
+    async def journal_fragment(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        after = int_param(request, "after") or 0
+        last = console.mirror.read(path, lambda entry: entry.state.cursor) or 0
+        offsets = list(range(last, max(after, last - JOURNAL_PAGE), -1))
+        events = await console.mirror.events(path, offsets)
+        response = console.page("_journal_rows.html", viewer, events=[event_view(e) for e in events], path=path)
+        response.headers["x-journal-cursor"] = str(max(last, after))
+        return response
+
+    @app.get("/fragment/status")
+    @signed_in
+    async def status_fragment(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        return console.page("_status.html", viewer, **console.status_context(path))
+
+    def projection_context(request: Request, path: str) -> dict[str, Any]:
+        transport = transport_param(request)
+
+        def view(entry: StreamEntry) -> dict[str, Any]:
+            return {
+                "items": projection_items(entry.state, transport),
+                "published_through": entry.state.published_through,
+            }
+
+        context = console.mirror.read(path, view)
+        assert context is not None
+        return {"transport": transport, "transports": TRANSPORTS, **context}
+
+    def transport_param(request: Request) -> Transport:
+        wanted = param(request, "transport")
+        for transport in TRANSPORTS:
+            if transport == wanted:
+                return transport
+        return console.settings.transport
+
+    @app.get("/agent/projection")
+    @signed_in
+    async def projection(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        context = {**console.status_context(path), **projection_context(request, path)}
+        return console.page("projection.html", viewer, tab="projection", **context)
+
+    @app.get("/fragment/projection")
+    @signed_in
+    async def projection_fragment(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        return console.page("_projection.html", viewer, path=path, **projection_context(request, path))
+
+    def requests_context(path: str) -> dict[str, Any]:
+        def view(entry: StreamEntry) -> list[dict[str, Any]]:
+            open_offset = entry.state.open.offset if entry.state.open is not None else None
+            return [
+                {"offset": r, "created_at": info.created_at, "model": info.model, "open": r == open_offset}
+                for r, info in sorted(entry.requests.items(), reverse=True)
+            ]
+
+        return {"requests": console.mirror.read(path, view) or []}
+
+    @app.get("/agent/requests")
+    @signed_in
+    async def requests(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        return console.page(
+            "requests.html", viewer, tab="requests", **console.status_context(path), **requests_context(path)
+        )
+
+    @app.get("/fragment/requests")
+    @signed_in
+    async def requests_fragment(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        return console.page("_requests.html", viewer, path=path, **requests_context(path))
+
+    @app.get("/agent/request")
+    @signed_in
+    async def one_request(request: Request, viewer: Viewer) -> Response:
+        path = console.entry_or_refuse(viewer, param(request, "path"))
+        offset = int_param(request, "offset")
+        transport = transport_param(request)
+        offsets = console.mirror.read(path, lambda entry: list(entry.requests)) or []
+        if offset is None and offsets:
+            offset = max(offsets)
+        rendered = None if offset is None else await console.rendered_request(path, offset, transport)
+        if offset is None or rendered is None:
+            raise Refused(404, f"{path} has no llm-request-requested event at @{offset}")
+        messages, model, created_at = rendered
+        previous_offset = previous_request(offsets, offset)
+        previous = None
+        if previous_offset is not None:
+            found = await console.rendered_request(path, previous_offset, transport)
+            previous = None if found is None else found[0]
+        shaded = cached_prefix(previous, messages)
+        cached, total = cached_share(shaded)
+        return console.page(
+            "request.html",
+            viewer,
+            tab="requests",
+            offset=offset,
+            model=model,
+            created_at=created_at,
+            messages=shaded,
+            previous_offset=previous_offset,
+            cached=cached,
+            total=total,
+            transport=transport,
+            transports=TRANSPORTS,
+            body_json=orjson.dumps({"model": model, "messages": messages}, option=orjson.OPT_INDENT_2).decode(),
+            **console.status_context(path),
+        )
+
+    # --- live updates ----------------------------------------------------------------------------
+
+    @app.get("/live")
+    @signed_in
+    async def live(request: Request, viewer: Viewer) -> Response:
+        path = param(request, "path")
+        if path is not None:
+            console.entry_or_refuse(viewer, path)
+        wants = (lambda changed: changed == path) if path is not None else viewer.sees
+        subscriber = console.mirror.subscribe(wants)
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                yield b"retry: 1000\n\nevent: change\ndata: {}\n\n"  # (re)connected: catch up on anything missed
+                deadline = time.monotonic() + LIVE_STREAM_S
+                while time.monotonic() < deadline:
+                    try:
+                        await asyncio.wait_for(subscriber.wake.wait(), KEEPALIVE_S)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    await asyncio.sleep(COALESCE_S)  # one refresh for a burst of events
+                    subscriber.wake.clear()
+                    if console.viewer(request) is None:
+                        yield b"event: signed-out\ndata: {}\n\n"
+                        return
+                    yield b"event: change\ndata: {}\n\n"
+            finally:
+                console.mirror.unsubscribe(subscriber)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+    # --- talking ---------------------------------------------------------------------------------
+
+    async def append(request: Request, viewer: Viewer, form: dict[str, str], body: dict[str, Any]) -> Response:
+        if not csrf_ok(viewer.session, form.get("csrf")):
+            raise Refused(403, "the form's CSRF token does not match this session; reload the page")
+        path = console.entry_or_refuse(viewer, form.get("path"))
+        ready = prepare_submission(viewer.claims, path, body, new_append_id(), gateway.topics, gateway.limits)
+        if isinstance(ready, Problem):
+            raise Refused(ready.status, ready.detail)
+        from pipeline.gateway.app import ApiError
+
+        try:
+            gateway.require_kafka(True)
+            outcome = gateway.results.expect(ready.append_id)
+            try:
+                await gateway.deliver(ready)
+                journaled = await gateway.outcome(ready, outcome)
+            finally:
+                gateway.results.forget(ready.append_id)
+        except ApiError as error:
+            raise Refused(error.problem.status, error.problem.detail) from None
+        if request.headers.get(FETCH_HEADER):
+            return JSONResponse({"offset": journaled.offset, "detail": f"journaled at @{journaled.offset}"})
+        return RedirectResponse("/console/agent?" + urlencode({"path": path}), 303)
+
+    async def read_form(request: Request, limit: int) -> dict[str, str]:
+        from pipeline.gateway.app import ApiError
+
+        try:
+            raw = await gateway.body(request, limit)
+        except ApiError as error:
+            raise Refused(error.problem.status, error.problem.detail) from None
+        try:
+            fields = parse_qs(raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False)
+        except UnicodeDecodeError:
+            raise Refused(400, "the form is not UTF-8") from None
+        return {name: values[0] for name, values in fields.items()}
+
+    @app.post("/agent/say")
+    @signed_in
+    async def say(request: Request, viewer: Viewer) -> Response:
+        form = await read_form(request, console.settings.gateway_max_body_bytes)
+        policy = form.get("policy") or POLICIES[0]
+        if policy not in POLICIES:
+            raise Refused(400, f"llmRequestPolicy must be one of {', '.join(POLICIES)}")
+        payload = {"role": "user", "content": form.get("content", ""), "llmRequestPolicy": {"behaviour": policy}}
+        return await append(request, viewer, form, {"type": CONTEXT_ADDED, "payload": payload})
+
+    @app.post("/agent/pause")
+    @signed_in
+    async def pause(request: Request, viewer: Viewer) -> Response:
+        form = await read_form(request, 16 * 1024)
+        body = {"type": AGENT_PAUSED, "payload": {"reason": "paused from the web console"}}
+        return await append(request, viewer, form, body)
+
+    @app.post("/agent/resume")
+    @signed_in
+    async def resume(request: Request, viewer: Viewer) -> Response:
+        form = await read_form(request, 16 * 1024)
+        body = {"type": AGENT_RESUMED, "payload": {"reason": "resumed from the web console"}}
+        return await append(request, viewer, form, body)
+
+    return app, console
+
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class SecurityHeaders:
+    """Adds the content-security policy and friends to every console response (static files too)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.decode().lower() not in SECURITY_HEADERS]
+                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)

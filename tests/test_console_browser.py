@@ -1,0 +1,308 @@
+"""The web console in a real headless browser (Debian's chromium driven through its chromedriver),
+against the real broker, a real journal worker and LLM caller, and the scripted model.
+
+The browser signs in with a bearer token, opens the agents page and an agent, sends a message and
+sees the scripted model's answer arrive without a reload, opens the request view with its cached
+prefix shaded, and shows a message made of markup as text. A token outside the scope sees nothing.
+Screenshots of the main pages land in `.local/test-output/console/` (AGENTSTREAM_TEST_OUTPUT
+overrides the folder) for review.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from pipeline.client import Agent
+from pipeline.gateway.console.mirror import JournalMirror
+from pipeline.gateway.console.views import journal_page
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
+from tests.gateway_server import GatewayServer, Tokens, request
+from tests.kafka_stack import REPO, Stack, ensure_broker, wait_until
+from tests.support.scripted_llm import ScriptedLLM
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+MODEL = "scripted"
+MARKUP = "<script>alert(1)</script>"
+OUTPUT = Path(os.environ.get("AGENTSTREAM_TEST_OUTPUT") or REPO / ".local" / "test-output") / "console"
+
+
+class Env:
+    def __init__(self, stack: Stack, gateway: GatewayServer, user: str, outsider: str) -> None:
+        self.stack = stack
+        self.gateway = gateway
+        self.user = user
+        self.outsider = outsider
+        self.base = f"http://127.0.0.1:{gateway.port}"
+
+    def url(self, route: str, **query: object) -> str:
+        return self.base + route + ("?" + urlencode(query) if query else "")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    ensure_broker()
+    root = tmp_path_factory.mktemp("console")
+    with ScriptedLLM(model=MODEL) as llm:
+        stack = Stack(
+            root / "data",
+            partitions=2,
+            openai_base_url=llm.base_url,
+            openai_api_key="test-key",
+            llm_transport="openai-compatible",
+            llm_model=MODEL,
+        )
+        try:
+            stack.start_worker()
+            stack.start_caller()
+            tokens = Tokens(root / "tokens.yaml")
+            user = tokens.add("user", "/agents/**", userId="u-console", name="console-test")
+            outsider = tokens.add("user", "/agents/team-a/*", name="outsider")
+            settings = stack.settings.model_copy(update={"gateway_wait_timeout_s": 90.0})
+            with GatewayServer(settings, tokens.path) as gateway:
+                environment = Env(stack, gateway, user, outsider)
+                gateway.wait_ready()
+                yield environment
+        finally:
+            stack.stop_caller()
+            stack.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.fail("chromium and chromedriver are missing: run scripts/install.sh", pytrace=False)
+    for stale in OUTPUT.glob("failed.*"):
+        stale.unlink()  # from an earlier failed run: only this run's pictures stay
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="console-chromium-")
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",  # as root, as in CI
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",  # this machine's network is closed: no calls home
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def screenshot(driver: WebDriver, name: str) -> None:
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(OUTPUT / f"{name}.png"))
+
+
+def wait_for(driver: WebDriver, condition: object, what: str, timeout: float = 90) -> object:
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(
+            lambda d: condition(d),  # type: ignore[operator]
+            message=f"waiting for {what}",
+        )
+    except TimeoutException:
+        screenshot(driver, "failed")  # what the browser showed, for the failure report
+        (OUTPUT / "failed.html").write_text(driver.page_source)
+        raise
+
+
+def sign_in(driver: WebDriver, env: Env, token: str) -> None:
+    driver.delete_all_cookies()
+    driver.get(env.url("/console/agents"))
+    wait_for(driver, lambda d: d.current_url.endswith("/console/login"), "the sign-in form")
+    driver.find_element(By.ID, "token").send_keys(token)
+    driver.find_element(By.ID, "sign-in").click()
+    wait_for(driver, lambda d: d.current_url.endswith("/console/agents"), "the agents page")
+
+
+def texts(driver: WebDriver, css: str) -> list[str]:
+    """Text of every element matching `css`, read in one step (live refreshes replace elements)."""
+    script = "return [...document.querySelectorAll(arguments[0])].map((element) => element.textContent);"
+    return list(driver.execute_script(script, css))
+
+
+def journal_texts(driver: WebDriver) -> list[str]:
+    return texts(driver, "tbody#journal tr.event td.summary summary")
+
+
+def settled(agent: Agent, env: Env, count: int) -> bool:
+    events = env.stack.client.streams.get(agent.path).events()
+    return sum(e.type == LLM_REQUEST_SETTLED for e in events) >= count
+
+
+def test_console_in_a_browser_watch_talk_requests_and_scope(env: Env, browser: WebDriver) -> None:
+    agent = env.stack.client.agents.create()
+    first = {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "hello from the CLI"}}
+    agent.append(first).wait(timeout=60)
+    wait_until(lambda: settled(agent, env, 1), 120, "the first turn")
+
+    # The agents page: the agent is listed with its status, live.
+    sign_in(browser, env, env.user)
+    row = f'tr.agent[data-path="{agent.path}"]'
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row), "the agent's row")
+    assert "idle" in browser.find_element(By.CSS_SELECTOR, row).text
+    wait_for(browser, lambda d: not texts(d, "#notice p"), "the console to catch up with the journal")
+    screenshot(browser, "agents")
+
+    # An agent: send a message; the scripted model's answer arrives without a reload.
+    browser.execute_script("document.querySelector(arguments[0]).click();", f"{row} a")  # rows refresh live
+    wait_for(browser, lambda d: d.find_elements(By.ID, "say"), "the agent page")
+    assert any("hello from the CLI" in text for text in journal_texts(browser))
+    browser.execute_script("window.consoleTestMarker = 'same page';")
+    browser.find_element(By.CSS_SELECTOR, "#say textarea").send_keys("hello console")
+    Select(browser.find_element(By.CSS_SELECTOR, "#say select[name=policy]")).select_by_value("after-current-request")
+    browser.find_element(By.ID, "send").click()
+    wait_for(
+        browser,
+        lambda d: any(t.startswith("assistant: ok:") and "hello console" in t for t in journal_texts(d)),
+        "the scripted answer in the journal",
+    )
+    assert browser.execute_script("return window.consoleTestMarker") == "same page", "the page reloaded"
+    wait_for(browser, lambda d: d.find_element(By.ID, "agent-status").text == "idle", "the turn to settle")
+    screenshot(browser, "agent")
+
+    # Markup in a message is text: no script element, no alert, the characters shown as typed.
+    browser.find_element(By.CSS_SELECTOR, "#say textarea").send_keys(MARKUP)
+    browser.find_element(By.ID, "send").click()
+    wait_for(browser, lambda d: any(MARKUP in t for t in journal_texts(d)), "the markup message as text")
+    wait_for(
+        browser, lambda d: any(t.startswith("assistant: ok:") and MARKUP in t for t in journal_texts(d)), "its answer"
+    )
+    assert browser.find_elements(By.CSS_SELECTOR, "main script") == []
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text  # noqa: B018
+    assert MARKUP not in browser.page_source  # escaped in the HTML itself, never raw
+    wait_until(lambda: settled(agent, env, 3), 60, "the third turn")
+
+    # The projection as the model will see it.
+    browser.get(env.url("/console/agent/projection", path=agent.path))
+    items = texts(browser, "article.item")
+    assert items and "agent/system-prompt" in items[0] and "system → system" in items[0]
+    assert any(MARKUP in item and "user → user" in item for item in items)
+    screenshot(browser, "projection")
+
+    # The latest request as the model saw it, the prefix shared with the request before it shaded.
+    browser.get(env.url("/console/agent/requests", path=agent.path))
+    links = browser.execute_script(
+        "return [...document.querySelectorAll('tbody#requests a')].map((link) => link.href);"
+    )
+    assert len(links) == 3  # one request per message, newest first
+    browser.get(links[0])
+    wait_for(browser, lambda d: d.find_elements(By.ID, "cache-summary"), "the request view")
+    assert "byte-identical prefix of request" in browser.find_element(By.ID, "cache-summary").text
+    messages = texts(browser, "article.message pre")
+    shaded = texts(browser, "article.message pre span.cached")
+    # Protocol, system prompt, both earlier messages and the first answer are reused; the newest
+    # answer stands where the previous request's timestamp stood, so the prefix ends there.
+    assert len(shaded) == 5 and len(messages) == 8
+    assert "hello from the CLI" in shaded[2] and "hello console" in shaded[4]
+    assert MARKUP in messages[6] and not any("Current date and time" in text for text in shaded)
+    screenshot(browser, "request")
+
+    # A token outside the scope sees nothing, not even that the agent exists.
+    sign_in(browser, env, env.outsider)
+    assert browser.find_elements(By.CSS_SELECTOR, "tr.agent") == []
+    assert "No streams in your token's scope" in browser.find_element(By.ID, "agents").text
+    browser.get(env.url("/console/agent", path=agent.path))
+    assert "no stream with this path in your token's scope" in browser.find_element(By.ID, "error-detail").text
+    assert agent.path not in browser.find_element(By.TAG_NAME, "main").text
+    screenshot(browser, "outside-scope")
+
+
+def test_console_pages_carry_a_strict_content_security_policy_and_need_a_session(env: Env) -> None:
+    page = request(env.gateway.port, "GET", "/console/login")
+    assert page.status == 200
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "default-src 'self'" in policy and "unsafe-inline" not in policy
+    assert b"<script>" not in page.body  # the only script is the static file
+    assert request(env.gateway.port, "GET", "/console/agents").status == 303
+    for path in ("/console/fragment/journal?path=/agents/x", "/console/live?path=/agents/x"):
+        assert request(env.gateway.port, "GET", path).status == 401, path
+    refused = request(env.gateway.port, "POST", "/console/agent/say", raw=b"path=/agents/x&content=hi")
+    assert refused.status == 401
+    wrong = request(
+        env.gateway.port,
+        "POST",
+        "/console/login",
+        raw=b"token=not-a-token",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert wrong.status == 401 and "set-cookie" not in wrong.headers
+    good = request(
+        env.gateway.port,
+        "POST",
+        "/console/login",
+        raw=urlencode({"token": env.user}).encode(),
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    cookie = good.headers["set-cookie"]
+    assert good.status == 303 and "HttpOnly" in cookie and "SameSite=strict" in cookie and env.user not in cookie
+    session = cookie.split(";", 1)[0]
+    # A post without the session's CSRF token is refused, even with the cookie.
+    forged = request(
+        env.gateway.port,
+        "POST",
+        "/console/agent/say",
+        raw=b"path=/agents/x&content=hi",
+        headers={"Cookie": session, "Content-Type": "application/x-www-form-urlencoded", "X-Console-Fetch": "1"},
+    )
+    assert forged.status == 403 and b"CSRF" in forged.body
+
+
+def test_console_reads_old_journal_pages_back_from_kafka_by_offset(env: Env) -> None:
+    """Long journals stay fast: a page is read by Kafka offset, not by scanning the partition.
+    With no record cache at all every event comes back from Kafka, interleaved with another stream."""
+    paths = [f"/agents/paging-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    receipts = [
+        env.stack.client.streams.get(path).append({"type": "test.console/ping", "payload": {"n": n}})
+        for n in range(1, 131)
+        for path in paths
+    ]
+    for receipt in receipts:
+        receipt.wait(timeout=60)
+
+    async def read() -> list[Any]:
+        mirror = JournalMirror(env.stack.settings, env.stack.client.topics.journal, cache_bytes=0)
+        mirror.ensure_started(asyncio.get_running_loop())
+        try:
+            deadline = time.monotonic() + 60
+            while mirror.read(paths[0], lambda entry: entry.state.cursor) != 130:
+                assert time.monotonic() < deadline, "the mirror did not fold the stream"
+                await asyncio.sleep(0.1)
+            page = journal_page(130, 60, 50)
+            return await mirror.events(paths[0], list(page.offsets))
+        finally:
+            await asyncio.to_thread(mirror.close)
+
+    events = asyncio.run(read())
+    assert [e.offset for e in events] == list(range(59, 9, -1))
+    assert all(e.streamPath == paths[0] and e.payload == {"n": e.offset} for e in events)

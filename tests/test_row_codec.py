@@ -1,0 +1,152 @@
+"""The row codec (docs/architecture.md, "Rows"): stored rows load back into exactly the folded state,
+the stored names are a fixed format, and a store of another format stops the worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.journal_processor import PartitionEngine
+from processors import row_codec, rows
+from processors.journal import apply_event, payload_hash
+from processors.reducer import fold
+from processors.state import AgentState, Lane, OpenRequest, PendingTrigger, ScriptRun, SourceOffsets, UsageReport
+from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
+from schemas.config import AgentConfig
+from schemas.context import ContextItem
+from tests.journal import Journal
+from tests.test_partition_engine import DictRows
+from tests.test_properties import PROPERTY_SETTINGS, journals
+from topics.names import topic_names
+
+
+def lane_view(lane: Lane) -> tuple[Any, ...]:
+    cells = [(c.seq, c.offset, c.created_offset, c.updates_offset, c.item) for c in lane.cells]
+    return lane.next_seq, lane.next_front_seq, cells, {key: cell.seq for key, cell in lane.by_key.items()}
+
+
+def state_view(state: AgentState) -> dict[str, Any]:
+    """Everything a state holds but the row-change bookkeeping, comparable with ==."""
+    view = {name: getattr(state, name) for name in AgentState.__dataclass_fields__ if name not in ("changes",)}
+    view["system"], view["history"] = lane_view(state.system), lane_view(state.history)
+    return view
+
+
+@st.composite
+def journals_with_scripts(draw: st.DrawFn) -> Journal:
+    """The property journals, with script runs requested, started and settled among their events."""
+    j = draw(journals(max_events=24))
+    for n in range(draw(st.integers(0, 3))):
+        execution = f"agent-output:{n}"
+        j.append(SCRIPT_RUN_REQUESTED, {"code": "1", "executionId": execution, "expiresAt": 10**13})
+        if draw(st.booleans()):
+            j.append(SCRIPT_RUN_STARTED, {"executionId": execution})
+        if draw(st.booleans()):
+            settlement = {"status": "succeeded", "result": n}
+            j.append(SCRIPT_RUN_SETTLED, {"executionId": execution, "settlement": settlement})
+    j.item("user", "after the scripts", key="k1")
+    return j
+
+
+@PROPERTY_SETTINGS
+@given(journals_with_scripts(), st.sets(st.integers(1, 40)))
+def test_rows_written_after_any_events_load_as_the_fold_of_those_events(j: Journal, reloads: set[int]) -> None:
+    """Loading the rows equals folding the events, after every event; and a state loaded from rows
+    midway (the worker evicted it, or restarted) folds the rest exactly as the unbroken fold does."""
+    table: dict[bytes, bytes] = {}
+    path = j.stream_path
+    state, folded = AgentState(stream_path=path), AgentState(stream_path=path)
+    sources = SourceOffsets()
+    for event, line in zip(j.decoded(), j.lines(), strict=True):
+        sources = sources.advanced(event.offset % 2 == 0, event.offset)
+        digest = None if event.idempotencyKey is None else payload_hash(event.type, orjson.loads(line)["payload"])
+        for key, value in apply_event(state, event, sources, None, digest, window=8, read=table.get):
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+        fold(folded, event)
+        items = sorted((k, v) for k, v in table.items() if k.startswith(rows.items_prefix(path)))
+        loaded, loaded_sources = row_codec.load_state(table[rows.meta_key(path)], items)
+        assert state_view(loaded) == state_view(folded)
+        assert loaded_sources == sources
+        if event.offset in reloads:
+            state = loaded  # continue from the rows, as the worker does after evicting the stream
+    assert state_view(state) == state_view(folded)
+
+
+def test_the_stored_names_are_row_format_1() -> None:
+    """The stored bytes of format 1, field by field: a change here needs a new ROW_FORMAT."""
+    state = AgentState(stream_path="/agents/a", cursor=9, published_through=5, created=True)
+    state.config = AgentConfig.model_validate({"maxAutonomousTurns": 3})
+    state.pending = PendingTrigger(8, 1000, "external")
+    state.open = OpenRequest(5, "m", 2000, 4, "agent-loop", None, "2026-01-01T00:00:00.000Z")
+    state.over_threshold = UsageReport(7, 5, "m", 600, 500)
+    state.scripts = {"x": ScriptRun("x", 6, 3000, True)}
+    assert orjson.loads(row_codec.encode_meta(state, SourceOffsets(3, 4))) == {
+        "path": "/agents/a",
+        "cursor": 9,
+        "sourceOffset": 3,
+        "internalSourceOffset": 4,
+        "publishedThrough": 5,
+        "created": True,
+        "config": {"maxAutonomousTurns": 3},
+        "pending": {"offset": 8, "atMs": 1000, "source": "external"},
+        "open": {
+            "offset": 5,
+            "model": "m",
+            "expiresAt": 2000,
+            "triggerOffset": 4,
+            "source": "agent-loop",
+            "interruptedBy": None,
+            "createdAt": "2026-01-01T00:00:00.000Z",
+        },
+        "paused": False,
+        "pauseTriggerOffset": None,
+        "latestExternalTrigger": 0,
+        "autonomousTurnCount": 0,
+        "consecutiveLlmFailures": 0,
+        "usage": {"inputTokens": 0, "outputTokens": 0, "cachedInputTokens": 0, "reasoningOutputTokens": 0},
+        "compactedThrough": 0,
+        "overThreshold": {"offset": 7, "llmRequestOffset": 5, "model": "m", "tokens": 600, "threshold": 500},
+        "lastRequestCreatedAt": None,
+        "lastEventCreatedAt": None,
+        "scripts": [{"executionId": "x", "offset": 6, "expiresAt": 3000, "started": True}],
+        "seqs": [1, 0, 1, 0],
+    }
+    assert orjson.loads(row_codec.encode_idempotency(3, "t", "h")) == {"offset": 3, "type": "t", "hash": "h"}
+    assert orjson.loads(row_codec.encode_command_positions(1, 2)) == {"appends": 1, "internal": 2}
+    cell = Lane("history").append(4, ContextItem(role="user", content="hi"), 2)
+    assert orjson.loads(row_codec.encode_cell(cell)) == {
+        "o": 4,
+        "c": 4,
+        "s": 1,
+        "u": 2,
+        "i": {"role": "user", "content": "hi"},
+    }
+
+
+def test_a_row_with_an_unknown_field_is_refused_not_misread() -> None:
+    meta = orjson.loads(row_codec.encode_meta(AgentState(stream_path="/a"), SourceOffsets()))
+    meta["newField"] = 1
+    with pytest.raises(ValueError, match="newField"):
+        row_codec.decode_meta(orjson.dumps(meta))
+
+
+def test_a_store_without_a_format_row_is_format_1_and_gets_its_row() -> None:
+    row_codec.check_format(None, 0)
+    table = DictRows()
+    PartitionEngine(3, table, topic_names(""), lambda *_: None, max_cached_streams=10)
+    assert table.get(rows.format_key(3)) == b"1" == row_codec.encode_format()
+
+
+@pytest.mark.parametrize("stored", [b"2", b"x"])
+def test_another_row_format_stops_the_worker_and_says_to_rebuild_with_replay(stored: bytes) -> None:
+    table = DictRows()
+    table.stored[rows.format_key(0)] = stored
+    with pytest.raises(row_codec.RowFormatError, match=r"row format .*agentstream replay"):
+        PartitionEngine(0, table, topic_names(""), lambda *_: None, max_cached_streams=10)
