@@ -12,9 +12,10 @@ from pydantic import ValidationError
 from pipeline.client import AppendTimeout, Client
 from pipeline.settings import Settings
 from processors.reducer import fold, fold_all
-from processors.render import TRANSPORTS, Transport, projection_json, render_messages
+from processors.render import projection_json, render_messages
 from processors.state import AgentState
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, AppendCommand, InvalidPayloadEvent
+from schemas.requests import TRANSPORTS, Transport
 from topics.admin import require_topics
 from topics.names import topic_names
 

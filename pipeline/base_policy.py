@@ -4,10 +4,11 @@ It is appended keyed `agent/system-prompt` with the idempotency key below. Chang
 means bumping REVISION: the new occurrence then updates the slot while the journal keeps both.
 """
 
-from processors.reducer import SYSTEM_PROMPT_KEY
+from processors.idempotency_keys import system_prompt_key
+from processors.reducer import SYSTEM_PROMPT_KEY as SYSTEM_PROMPT_KEY  # the slot it fills (client.py)
 
 REVISION = 2
-IDEMPOTENCY_KEY = f"{SYSTEM_PROMPT_KEY}@{REVISION}"
+IDEMPOTENCY_KEY = system_prompt_key(REVISION)
 
 TEXT = """\
 You are an agent running on agentstream. Your memory is the journal shown to you: act on the \

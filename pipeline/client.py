@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from pipeline import base_policy
 from pipeline.partitioner import partition_for
 from pipeline.settings import Settings
+from processors.idempotency_keys import AGENT_CREATED_KEY
 from schemas.events import (
     AGENT_CREATED,
     CONTEXT_ADDED,
@@ -242,7 +243,7 @@ class Agents:
         """A new agent: `agent/created`, then the shipped base policy as its system prompt."""
         agent = Agent(self._client, f"/agents/{uuid.uuid4().hex[:16]}")
         agent.append(
-            {"type": AGENT_CREATED, "payload": {"by": "agentstream-client"}, "idempotencyKey": "agent/created"}
+            {"type": AGENT_CREATED, "payload": {"by": "agentstream-client"}, "idempotencyKey": AGENT_CREATED_KEY}
         )
         agent.append(
             {

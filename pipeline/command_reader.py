@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from pipeline.journal_processor import Command, PartitionEngine
+from pipeline.journal_processor import CommandRecord, PartitionEngine
 from topics.admin import quiet_librdkafka
 from topics.names import TopicNames
 
@@ -104,7 +104,7 @@ class CommandReader:
                 if not messages:
                     await asyncio.sleep(0.002)
                     continue
-                batches: dict[int, list[Command]] = defaultdict(list)
+                batches: dict[int, list[CommandRecord]] = defaultdict(list)
                 for message in messages:
                     error = message.error()
                     if error is not None:
@@ -116,7 +116,7 @@ class CommandReader:
                         continue  # released since it was fetched
                     headers = message.headers()
                     batches[partition].append(
-                        Command(
+                        CommandRecord(
                             partition=partition,
                             offset=message.offset(),
                             key=message.key(),

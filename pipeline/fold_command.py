@@ -10,9 +10,10 @@ import orjson
 
 from pipeline import exit_codes
 from processors.reducer import JournalOrderError, fold
-from processors.render import TRANSPORTS, projection_json, render_messages, turn_json
+from processors.render import projection_json, render_messages, turn_json
 from processors.state import AgentState
 from schemas.events import LLM_REQUEST_REQUESTED, EnvelopeError, InvalidPayloadEvent, decode_event
+from schemas.requests import TRANSPORTS
 
 
 def register(commands: Any) -> None:

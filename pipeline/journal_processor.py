@@ -45,7 +45,7 @@ from pipeline.kafka_producer import OnDelivery
 from pipeline.partitioner import partition_for
 from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
-from processors.render import DEFAULT_BUDGET, RenderBudget, Transport, as_of_request, render_messages
+from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages
 from processors.scheduler import decide
 from processors.state import AgentState, SourceOffsets
 from schemas.events import (
@@ -62,7 +62,7 @@ from schemas.events import (
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.outcomes import AppendOutcome, AppendStatus
-from schemas.requests import SettledNotice
+from schemas.requests import SettledNotice, Transport
 
 log = logging.getLogger("agentstream.journal")
 
@@ -84,8 +84,8 @@ class RowTable(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
     def put(self, key: bytes, value: bytes | None) -> None: ...
-    async def commit(self) -> None:
-        """Make the puts so far durable (e.g. send them to a changelog)."""
+    async def flush(self) -> None:
+        """Hand the puts so far to durable storage (`FaustRows`: one changelog burst). Commits no offset."""
 
 
 def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
@@ -122,8 +122,8 @@ Send = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]], OnDelivery |
 
 
 @dataclass(slots=True)
-class Command:
-    """One record of agent-appends as the processor sees it."""
+class CommandRecord:
+    """One Kafka record of a command topic as the engine reads it (its value parses as an `AppendCommand`)."""
 
     partition: int
     offset: int
@@ -145,18 +145,19 @@ class StreamEntry:
 
 @dataclass(slots=True)
 class Decision:
-    """What handling one command produces: its pending entry, plus what to write to Kafka."""
+    """What handling one command produces: the command in flight, plus what to write to Kafka."""
 
-    pending: Pending
+    in_flight: InFlightCommand
     journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers
     reject_reason: str | None = None  # set: the command goes to the dead-letter topic
 
 
 @dataclass(slots=True, eq=False)
-class Pending:
-    """A handled command whose journal (or dead-letter) record may not be acknowledged yet."""
+class InFlightCommand:
+    """A handled command whose journal (or dead-letter) record may not be acknowledged yet: its rows
+    and follow-ups wait here until it is stored. (A stream's pending trigger is `PendingTrigger`.)"""
 
-    command: Command
+    command: CommandRecord
     rows: list[rows.Row]
     # Records published once the journal record is acknowledged (results, LLM requests): nothing
     # downstream ever sees an event the journal might still lose.
@@ -237,7 +238,7 @@ class PartitionEngine:
        records are acknowledged: a failed one is fatal (the state is ahead of the journal).
     3. Their rows go into the table (one changelog record per changed key: the last write of a
        batch wins), with the journal position `p` and the command positions `c`.
-    4. `RowTable.commit` produces the changelog burst; once every record of it is acknowledged,
+    4. `RowTable.flush` produces the changelog burst; once every record of it is acknowledged,
        the rows, Faust's changelog offset and both positions are written to RocksDB in one batch
        (any failed record is fatal: the store must stay a prefix of the changelog).
     5. The follow-up records of each drained command (its result, a request body, a cancel, a
@@ -280,8 +281,8 @@ class PartitionEngine:
         self.append_id_window = append_id_window
         self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
         self.overlay: dict[bytes, bytes | None] = {}  # rows decided but not yet stored
-        self.overlay_owner: dict[bytes, Pending] = {}
-        self.queue: deque[Pending] = deque()
+        self.overlay_owner: dict[bytes, InFlightCommand] = {}
+        self.queue: deque[InFlightCommand] = deque()
         self.caught_up = False
         self.fatal = fatal
         self._drain_lock = asyncio.Lock()
@@ -349,12 +350,12 @@ class PartitionEngine:
             else:
                 return
 
-    def _stage(self, pending: Pending) -> None:
-        for key, value in pending.rows:
+    def _stage(self, in_flight: InFlightCommand) -> None:
+        for key, value in in_flight.rows:
             self.overlay[key] = value
-            self.overlay_owner[key] = pending
-        self.queue.append(pending)
-        if pending.awaiting == 0:
+            self.overlay_owner[key] = in_flight
+        self.queue.append(in_flight)
+        if in_flight.awaiting == 0:
             self._delivered(None)
 
     def _on_settled(self) -> None:
@@ -384,16 +385,16 @@ class PartitionEngine:
         position = None
         queue = self.queue
         while queue:
-            pending = queue[0]
-            if not pending.done():
+            in_flight = queue[0]
+            if not in_flight.done():
                 if not wait:
                     break
-                await pending.wait()
+                await in_flight.wait()
             queue.popleft()
-            self._store(pending)
-            if pending.journal_offset is not None:
-                position = pending.journal_offset
-            self._send_follow_ups(pending.command, pending.after)
+            self._store(in_flight)
+            if in_flight.journal_offset is not None:
+                position = in_flight.journal_offset
+            self._send_follow_ups(in_flight.command, in_flight.after)
             stored += 1
         if position is not None:
             # Once per batch, after every row it covers: recovery re-folds the journal past it.
@@ -403,20 +404,20 @@ class PartitionEngine:
             self.positions.changed = False
             self.table.put(rows.command_positions_key(self.partition), self.positions.encode())
         if stored or position is not None or positions_changed:
-            await self.table.commit()
+            await self.table.flush()
         return stored
 
-    def _store(self, pending: Pending) -> None:
-        if pending.error is not None:
-            raise pending.error  # the journal (or the dead-letter topic) lacks it: only a restart is safe
+    def _store(self, in_flight: InFlightCommand) -> None:
+        if in_flight.error is not None:
+            raise in_flight.error  # the journal (or the dead-letter topic) lacks it: only a restart is safe
         put = self.table.put
-        for key, value in pending.rows:
+        for key, value in in_flight.rows:
             put(key, value)
-            if self.overlay_owner.get(key) is pending:
+            if self.overlay_owner.get(key) is in_flight:
                 del self.overlay_owner[key]
                 del self.overlay[key]
 
-    def _send_follow_ups(self, command: Command, records: list[tuple[str, bytes, bytes]]) -> None:
+    def _send_follow_ups(self, command: CommandRecord, records: list[tuple[str, bytes, bytes]]) -> None:
         """Publish what follows a journaled command. The command is done once these are in Kafka
         too: a crash before that reads the command again, and its outcome is published again."""
         finished = self.positions.finished
@@ -443,7 +444,7 @@ class PartitionEngine:
 
     # --- commands ------------------------------------------------------------------------------
 
-    async def handle_batch(self, commands: Iterable[Command]) -> None:
+    async def handle_batch(self, commands: Iterable[CommandRecord]) -> None:
         """Decide and produce a batch of this partition's commands, in order."""
         if len(self.queue) >= self.max_pending:
             await self.drain(wait=True)  # back-pressure: the journal is slower than the input
@@ -463,10 +464,10 @@ class PartitionEngine:
                 decision = self._internal_error(command, error)
             self._carry_out(command, decision)
 
-    async def handle(self, command: Command) -> None:
+    async def handle(self, command: CommandRecord) -> None:
         await self.handle_batch((command,))
 
-    def _decide(self, command: Command) -> Decision:
+    def _decide(self, command: CommandRecord) -> Decision:
         """Everything about one command that is not I/O: validate, dedupe, journal, fold."""
         size = len(command.value)
         if size > self.max_event_bytes:
@@ -486,9 +487,9 @@ class PartitionEngine:
         if entry.sources.covers(command.internal, command.offset):
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
-            pending = Pending(command, [])
-            self._republish(pending, append)
-            return Decision(pending)
+            in_flight = InFlightCommand(command, [])
+            self._republish(in_flight, append)
+            return Decision(in_flight)
         if not command.internal:
             forbidden = worker_only_reason(append.type, append.payload)
             if forbidden is not None:
@@ -516,20 +517,20 @@ class PartitionEngine:
                 headers.append((H_SOURCE_TOPIC, INTERNAL))
             if append.appendId is not None:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
-            pending = Pending(command, outcome.rows)
-            self._result(pending, append, "journaled", outcome.event.offset)
-            self._after_fold(entry, outcome.event, pending)
-            self._script_follow_ups(entry, outcome.event, pending)
-            return Decision(pending, journal=(outcome.record, headers))
+            in_flight = InFlightCommand(command, outcome.rows)
+            self._result(in_flight, append, "journaled", outcome.event.offset)
+            self._after_fold(entry, outcome.event, in_flight)
+            self._script_follow_ups(entry, outcome.event, in_flight)
+            return Decision(in_flight, journal=(outcome.record, headers))
         if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
-            pending = Pending(command, [])
-            self._result(pending, append, "duplicate", outcome.offset, outcome.reason)
-            return Decision(pending)
+            in_flight = InFlightCommand(command, [])
+            self._result(in_flight, append, "duplicate", outcome.offset, outcome.reason)
+            return Decision(in_flight)
         assert isinstance(outcome, Rejected)
         return self._rejection(command, append, outcome.reason)
 
-    def _internal_error(self, command: Command, error: Exception) -> Decision:
+    def _internal_error(self, command: CommandRecord, error: Exception) -> Decision:
         """A bug or an input nobody foresaw: dead-letter the command, keep the partition going.
 
         The failure may have struck halfway through a fold, so the stream's cached state is
@@ -545,13 +546,13 @@ class PartitionEngine:
             command, _parsed_or_none(command.value), f"internal_error: {type(error).__name__}: {error}"
         )
 
-    def _rejection(self, command: Command, append: AppendCommand | None, reason: str) -> Decision:
-        pending = Pending(command, [])
+    def _rejection(self, command: CommandRecord, append: AppendCommand | None, reason: str) -> Decision:
+        in_flight = InFlightCommand(command, [])
         if append is not None:
-            self._result(pending, append, "rejected", None, reason)
-        return Decision(pending, reject_reason=reason)
+            self._result(in_flight, append, "rejected", None, reason)
+        return Decision(in_flight, reject_reason=reason)
 
-    def _republish(self, pending: Pending, append: AppendCommand) -> None:
+    def _republish(self, in_flight: InFlightCommand, append: AppendCommand) -> None:
         """A redelivered, already journaled command: its command position was not recorded as
         done, so its result may never have reached Kafka (the worker died first). Publish it
         again for a client still waiting. (What an open request needs, its call record, a cancel
@@ -560,7 +561,7 @@ class PartitionEngine:
             return
         found = self.read(rows.append_id_key(append.streamPath, append.appendId))
         if found is not None:
-            self._result(pending, append, "journaled", row_codec.decode_offset(found))
+            self._result(in_flight, append, "journaled", row_codec.decode_offset(found))
 
     def _request_messages(self, entry: StreamEntry, request_offset: int, model: str) -> list[dict[str, Any]] | None:
         """The messages request R was sent with: from memory, else rendered again exactly as R saw
@@ -592,10 +593,10 @@ class PartitionEngine:
         }
         return orjson.dumps(record)
 
-    def _carry_out(self, command: Command, decision: Decision) -> None:
+    def _carry_out(self, command: CommandRecord, decision: Decision) -> None:
         """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
-        pending = decision.pending
-        pending.on_settled = self._on_settled
+        in_flight = decision.in_flight
+        in_flight.on_settled = self._on_settled
         if decision.reject_reason is not None:
             reason = decision.reject_reason
             metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
@@ -606,15 +607,15 @@ class PartitionEngine:
                 ("source-partition", str(command.partition).encode()),
                 (H_SOURCE_OFFSET, str(command.offset).encode()),
             ]
-            pending.awaiting += 1
-            self.send(self.topics.dlq, command.key, command.value, headers, pending.dlq_delivered)
+            in_flight.awaiting += 1
+            self.send(self.topics.dlq, command.key, command.value, headers, in_flight.dlq_delivered)
         if decision.journal is not None:
             record, headers = decision.journal
-            pending.awaiting += 1
-            self.send(self.topics.journal, command.key, record, headers, pending.journal_delivered)
-        self._stage(pending)
+            in_flight.awaiting += 1
+            self.send(self.topics.journal, command.key, record, headers, in_flight.journal_delivered)
+        self._stage(in_flight)
 
-    def _misrouted(self, command: Command, path: str) -> str | None:
+    def _misrouted(self, command: CommandRecord, path: str) -> str | None:
         """One writer per stream holds only if every command of a stream lands on its partition."""
         if command.key != path.encode():
             return f"record key {command.key!r} is not the streamPath {path!r}: key appends by stream path"
@@ -627,7 +628,7 @@ class PartitionEngine:
 
     def _result(
         self,
-        pending: Pending,
+        in_flight: InFlightCommand,
         append: AppendCommand,
         status: AppendStatus,
         offset: int | None,
@@ -635,11 +636,11 @@ class PartitionEngine:
     ) -> None:
         if append.appendId is not None:
             outcome = AppendOutcome.encode_trusted(append.appendId, append.streamPath, status, offset, reason)
-            pending.after.append((self.topics.results, append.streamPath.encode(), outcome))
+            in_flight.after.append((self.topics.results, append.streamPath.encode(), outcome))
 
     # --- scheduling ------------------------------------------------------------------------
 
-    def _after_fold(self, entry: StreamEntry, event: Any, pending: Pending) -> None:
+    def _after_fold(self, entry: StreamEntry, event: Any, in_flight: InFlightCommand) -> None:
         """What a journaled event sets in motion: a request body, a cancel, a compaction, a wakeup."""
         state = entry.state
         path = event.streamPath
@@ -652,19 +653,19 @@ class PartitionEngine:
                     state, self.transport, event.createdAt, self.render_budget(open_request.model)
                 )
             entry.last_request = (event.offset, messages)
-            pending.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
+            in_flight.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
         elif open_request is not None and open_request.interruptedBy == event.offset:
-            pending.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
+            in_flight.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
         elif event.type == LLM_REQUEST_SETTLED and not isinstance(event, InvalidPayloadEvent):
             notice = SettledNotice(kind="settled", streamPath=path, requestOffset=event.payload.requestOffset)
-            pending.after.append((self.topics.llm_requests, path.encode(), notice.model_dump_json().encode()))
+            in_flight.after.append((self.topics.llm_requests, path.encode(), notice.model_dump_json().encode()))
         elif event.type == TOKEN_USAGE_REPORTED:
             compact = self._compaction(entry, event.offset)
             if compact is not None:
-                pending.after.append((self.topics.llm_requests, path.encode(), compact))
+                in_flight.after.append((self.topics.llm_requests, path.encode(), compact))
         self.wake(path, 0)
 
-    def _script_follow_ups(self, entry: StreamEntry, event: Any, pending: Pending) -> None:
+    def _script_follow_ups(self, entry: StreamEntry, event: Any, in_flight: InFlightCommand) -> None:
         """Agents run code: the run request, feedback or script result the event calls for (commands
         to the internal topic), and each journaled run request for the capability host (script-runs).
         All are published once the journal acknowledges the event."""
@@ -674,7 +675,7 @@ class PartitionEngine:
         path = event.streamPath
         key = path.encode()
         for append in script_follow_ups(entry.state, event):
-            pending.after.append((self.topics.internal_appends, key, orjson.dumps(append.command(path))))
+            in_flight.after.append((self.topics.internal_appends, key, orjson.dumps(append.command(path))))
         if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
             record = ScriptRunRecord(
                 streamPath=path,
@@ -685,7 +686,7 @@ class PartitionEngine:
                 expiresAt=event.payload.expiresAt,
                 timeoutMs=entry.state.config.scriptTimeoutMs,
             )
-            pending.after.append((self.topics.script_runs, key, record.model_dump_json().encode()))
+            in_flight.after.append((self.topics.script_runs, key, record.model_dump_json().encode()))
 
     def _compaction(self, entry: StreamEntry, report_offset: int) -> bytes | None:
         """§4.5: summarize request R when its usage crossed the threshold (newest report only)."""

@@ -48,7 +48,7 @@ ROWS_TABLE = "rows"
 class FaustRows:
     """`RowTable` over one partition of the Faust table.
 
-    Rows go to the table's changelog first, one record per changed key per `commit()` (the last
+    Rows go to the table's changelog first, one record per changed key per `flush()` (the last
     write of a batch wins), produced with the partition explicit; only once every record of that
     burst is acknowledged are they written to the local RocksDB in one write batch together with
     Faust's changelog offset. So the local store never holds a row the changelog lacks: after a
@@ -102,8 +102,8 @@ class FaustRows:
     def put(self, key: bytes, value: bytes | None) -> None:
         self.changelog[key] = value
 
-    async def commit(self) -> None:
-        """Send the rows put since the last commit as one changelog burst (stored once acknowledged)."""
+    async def flush(self) -> None:
+        """Send the rows put since the last flush as one changelog burst (stored once acknowledged)."""
         if not self.changelog:
             return
         records, self.changelog = self.changelog, {}
@@ -257,14 +257,14 @@ def build_app(settings: Settings) -> faust.App:
                     records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
                     outcomes: list[tuple[str, bytes, bytes]] = []
                     refolded += engine.catch_up(records, outcomes)
-                    await engine.table.commit()
+                    await engine.table.flush()
                     for topic, key, value in outcomes:
                         producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
                     if records and records[-1][0] + 1 >= end:
                         break
         finally:
             await consumer.stop()
-        await engine.table.commit()  # the format row a new store got on open, even with nothing to re-fold
+        await engine.table.flush()  # the format row a new store got on open, even with nothing to re-fold
         await producer.drain()
         log.info(
             "partition %d: re-folded %d journal events past position %d in %.2fs",

@@ -82,7 +82,7 @@ class RdictRows:
         else:
             self.db[key] = value
 
-    async def commit(self) -> None:
+    async def flush(self) -> None:
         """Writes are already in the database."""
 
 

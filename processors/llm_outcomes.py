@@ -17,54 +17,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from processors.appends import Append  # the caller types its appends as llm_outcomes.Append
+from processors.idempotency_keys import (
+    assistant_key,
+    compaction_key,
+    error_key,
+    overflow_compaction_key,
+    partial_key,
+    settled_key,
+    usage_key,
+)
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED, STREAM_ERROR_OCCURRED, TOKEN_USAGE_REPORTED
 from schemas.requests import COMPACTION_INSTRUCTION, Message, Transport
 
 INTERRUPTED_PREFIX = "[Response interrupted by the next message; partial output follows]\n"
 ERROR_MAX_CHARS = 300
-
-
-@dataclass(frozen=True, slots=True)
-class Append:
-    """One command for the stream: `{type, payload, idempotencyKey}`."""
-
-    type: str
-    payload: dict[str, Any]
-    idempotencyKey: str
-
-    def event(self) -> dict[str, Any]:
-        return {"type": self.type, "payload": self.payload, "idempotencyKey": self.idempotencyKey}
-
-
-# --- idempotency keys (docs/behaviour.md §4.3: derived from the request offset) -----------------------------
-
-
-def assistant_key(request_offset: int) -> str:
-    return f"agent/request/{request_offset}/assistant"
-
-
-def settled_key(request_offset: int) -> str:
-    return f"agent/request/{request_offset}/settled"
-
-
-def usage_key(request_offset: int) -> str:
-    return f"agent/request/{request_offset}/usage"
-
-
-def error_key(request_offset: int) -> str:
-    return f"agent/request/{request_offset}/error"
-
-
-def partial_key(request_offset: int) -> str:
-    return f"agent/request/{request_offset}/partial"
-
-
-def compaction_key(report_offset: int) -> str:
-    return f"agent/compact-context@{report_offset}"
-
-
-def overflow_compaction_key(request_offset: int) -> str:
-    return f"agent/compact-context@overflow-{request_offset}"
 
 
 # --- secrets -------------------------------------------------------------------------------------

@@ -23,9 +23,7 @@ import orjson
 
 from processors.state import AgentState, Cell
 from schemas.context import THIRD_PARTY_ACTOR_TYPES, Actor, ContextItem, Ref
-from schemas.requests import MAX_MESSAGES_BYTES, TRANSPORTS, Transport
-
-__all__ = ["TRANSPORTS", "Transport"]  # re-exported: older imports name them here
+from schemas.requests import MAX_MESSAGES_BYTES, Transport
 
 # Constant for every request of every agent, so it is always the start of the cached prefix.
 CONTEXT_PROTOCOL = """\

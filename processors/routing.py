@@ -11,12 +11,12 @@ themselves routed are never routed again: two agents subscribed to each other do
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from processors.idempotency_keys import is_routed, route_key
 from schemas.events import CONTEXT_ADDED
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED, SLACK_WEBHOOK_RECEIVED
 from schemas.routing import (
@@ -29,8 +29,6 @@ from schemas.routing import (
 )
 
 MAX_SUMMARY_CHARS = 2000
-ROUTE_KEY_PREFIX = "route/"
-MAX_IDEMPOTENCY_KEY = 512  # schemas.events.IdempotencyKey's bound
 SUBSCRIPTION_TYPES = frozenset({AGENT_SUBSCRIBED, AGENT_UNSUBSCRIBED})
 
 
@@ -74,20 +72,11 @@ def apply_subscription(routes: SourceRoutes, event: Mapping[str, Any]) -> Source
 
 
 def routable(event: Mapping[str, Any]) -> bool:
-    key = event.get("idempotencyKey")
-    return not (isinstance(key, str) and key.startswith(ROUTE_KEY_PREFIX))
+    return not is_routed(event.get("idempotencyKey"))
 
 
 def wants(route: Route, event_type: str) -> bool:
     return route.eventTypes is None or event_type in route.eventTypes
-
-
-def route_key(source: str, offset: int) -> str:
-    key = f"{ROUTE_KEY_PREFIX}{source}@{offset}"
-    if len(key) <= MAX_IDEMPOTENCY_KEY:
-        return key
-    digest = hashlib.sha256(source.encode()).hexdigest()  # only paths near the 512-character limit
-    return f"{ROUTE_KEY_PREFIX}sha256:{digest}@{offset}"
 
 
 def routed_commands(event: Mapping[str, Any], size_bytes: int, routes: SourceRoutes) -> list[dict[str, Any]]:

@@ -8,8 +8,9 @@ other producer), so the journal stays the only record of what happened.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from processors import idempotency_keys as keys
+from processors.appends import Append
 from processors.state import AgentState
 from schemas.events import (
     AGENT_PAUSED,
@@ -18,18 +19,6 @@ from schemas.events import (
     LLM_REQUEST_SETTLED,
     STREAM_ERROR_OCCURRED,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Append:
-    """A command to append to the stream: `type`, `payload`, `idempotencyKey`."""
-
-    type: str
-    payload: dict[str, Any]
-    idempotencyKey: str
-
-    def command(self, path: str) -> dict[str, Any]:
-        return {"streamPath": path, "type": self.type, "payload": self.payload, "idempotencyKey": self.idempotencyKey}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +54,12 @@ def decide(state: AgentState, now_ms: int, default_model: str) -> Decision:
                     Append(
                         LLM_REQUEST_SETTLED,
                         {"requestOffset": r, "result": {"status": "cancelled", "reason": "expired"}},
-                        f"agent/request/{r}/expired",
+                        keys.expired_key(r),
                     ),
                     Append(
                         STREAM_ERROR_OCCURRED,
                         {"message": f"LLM request @{r} expired before it was answered; it was cancelled."},
-                        f"agent/request/{r}/expiry-error",
+                        keys.expiry_error_key(r),
                     ),
                 )
             )
@@ -80,7 +69,7 @@ def decide(state: AgentState, now_ms: int, default_model: str) -> Decision:
         return IDLE  # distributed birth: the trigger waits (queued) until the prompt arrives
     if state.paused:
         if pending.source == "external":
-            return Decision((Append(AGENT_RESUMED, {"reason": "external input"}, f"agent/resume/{pending.offset}"),))
+            return Decision((Append(AGENT_RESUMED, {"reason": "external input"}, keys.resume_key(pending.offset)),))
         return IDLE
     if pending.source == "agent-loop" and state.autonomous_turn_count >= state.config.maxAutonomousTurns:
         return Decision(
@@ -88,7 +77,7 @@ def decide(state: AgentState, now_ms: int, default_model: str) -> Decision:
                 Append(
                     AGENT_PAUSED,
                     {"reason": breaker_reason(state.autonomous_turn_count), "triggerOffset": pending.offset},
-                    f"agent/pause/{pending.offset}",
+                    keys.pause_key(pending.offset),
                 ),
             )
         )
@@ -102,7 +91,7 @@ def decide(state: AgentState, now_ms: int, default_model: str) -> Decision:
             Append(
                 LLM_REQUEST_REQUESTED,
                 {"model": model, "expiresAt": expires_at},
-                f"agent/request/{pending.offset}",
+                keys.request_key(pending.offset),
             ),
         )
     )

@@ -23,8 +23,9 @@ from typing import Any
 
 import orjson
 
+from processors import idempotency_keys as keys
+from processors.appends import Append
 from processors.reducer import epoch_ms
-from processors.scheduler import Append
 from processors.state import AgentState
 from schemas.capabilities import (
     AGENT_OUTPUT_PREFIX,
@@ -47,31 +48,11 @@ MAX_RESULT_JSON_BYTES = 400_000
 MAX_ERROR_BYTES = 20_000
 MAX_RESULT_DEPTH = 64
 
-# --- idempotency keys ------------------------------------------------------------------------------
+# --- execution ids -------------------------------------------------------------------------------
 
 
 def execution_id(assistant_offset: int) -> str:
     return f"{AGENT_OUTPUT_PREFIX}{assistant_offset}"
-
-
-def requested_key(assistant_offset: int) -> str:
-    return f"agent/script-run-requested@{assistant_offset}"
-
-
-def feedback_key(assistant_offset: int) -> str:
-    return f"agent/script-feedback@{assistant_offset}"
-
-
-def result_key(execution: str) -> str:
-    return f"agent/script-result@{execution}"
-
-
-def started_key(execution: str) -> str:
-    return f"capability-host/script-run-started@{execution}"
-
-
-def settled_key(execution: str) -> str:
-    return f"capability-host/script-run-settled@{execution}"
 
 
 # --- extraction ------------------------------------------------------------------------------------
@@ -302,7 +283,7 @@ def script_follow_ups(state: AgentState, event: Any) -> list[Append]:
                         "content": feedback_text(len(scripts)),
                         "llmRequestPolicy": {"behaviour": "after-current-request"},
                     },
-                    feedback_key(offset),
+                    keys.script_feedback_key(offset),
                 )
             ]
         expires_at = epoch_ms(event.createdAt) + state.config.llmRequestExpiryMs
@@ -310,7 +291,7 @@ def script_follow_ups(state: AgentState, event: Any) -> list[Append]:
             Append(
                 SCRIPT_RUN_REQUESTED,
                 {"code": scripts[0], "executionId": execution_id(offset), "expiresAt": expires_at},
-                requested_key(offset),
+                keys.script_run_requested_key(offset),
             )
         ]
     if event.type == SCRIPT_RUN_SETTLED:
@@ -329,7 +310,7 @@ def script_follow_ups(state: AgentState, event: Any) -> list[Append]:
                     "actor": {"type": "script", "executionId": execution},
                     "llmRequestPolicy": {"behaviour": "after-current-request"},
                 },
-                result_key(execution),
+                keys.script_result_key(execution),
             )
         ]
     return []

@@ -590,6 +590,29 @@ def test_cancel_for_a_call_not_started_yet_settles_without_calling(kit: tuple[St
     assert len(llm.records) == 1 and len(appends(stack, path)) == 2
 
 
+def settled_notice(path: str, offset: int) -> dict[str, Any]:
+    return {"kind": "settled", "streamPath": path, "requestOffset": offset}
+
+
+def test_a_settled_notice_stops_the_call_for_r_and_nothing_is_appended(kit: tuple[Stack, ScriptedLLM]) -> None:
+    """R settled in the journal (e.g. by an earlier run of a restarted caller): a running call for R
+    is stopped (the server sees the disconnect), a waiting one is never made; neither appends."""
+    stack, llm = kit
+    running, waiting = new_path(), new_path()
+    llm.push(Hang(partial="half an answer"), Hang())
+    produce(stack, call(running, 30, "running"), call(waiting, 40, "blocker"))
+    llm.wait_for(lambda rs: len(rs) == 2 and rs[0].chunks_sent >= 1, timeout=15)
+    produce(stack, call(waiting, 41, "waiting"), settled_notice(waiting, 41), settled_notice(running, 30))
+    gone = llm.wait_for_disconnect(timeout=10, index=0)
+    assert gone.disconnected and not gone.completed
+    produce(stack, cancel(waiting, 40))  # ends the blocker: only its own settlement goes out
+    wait_appends(stack, waiting, 1)
+    time.sleep(1.0)
+    assert shape(appends(stack, waiting)) == [("settled", "agent/request/40/settled")]
+    assert appends(stack, running) == []
+    assert requests_for(llm, "waiting") == []
+
+
 def test_compaction_sends_exact_messages_plus_instruction(kit: tuple[Stack, ScriptedLLM]) -> None:
     """§4.5 and §3.2: request R's messages byte for byte plus the summary instruction (developer on
     openai, system on openai-compatible); the summary item replaces history through R."""

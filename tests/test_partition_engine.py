@@ -19,8 +19,8 @@ import pytest
 from pipeline.journal_processor import (
     H_REASON,
     H_SOURCE_OFFSET,
-    Command,
     CommandPositions,
+    CommandRecord,
     PartitionEngine,
     changelog_order,
 )
@@ -33,12 +33,12 @@ PATH = "/agents/a"
 
 
 class DictRows:
-    """The RowTable contract over a dict; `commit` stores what was put (no changelog here)."""
+    """The RowTable contract over a dict; `flush` stores what was put (no changelog here)."""
 
     def __init__(self) -> None:
         self.stored: dict[bytes, bytes] = {}
         self.buffer: dict[bytes, bytes | None] = {}
-        self.commits = 0
+        self.flushes = 0
 
     def get(self, key: bytes) -> bytes | None:
         if key in self.buffer:
@@ -56,14 +56,14 @@ class DictRows:
     def put(self, key: bytes, value: bytes | None) -> None:
         self.buffer[key] = value
 
-    async def commit(self) -> None:
+    async def flush(self) -> None:
         for key, value in self.buffer.items():
             if value is None:
                 self.stored.pop(key, None)
             else:
                 self.stored[key] = value
         self.buffer.clear()
-        self.commits += 1
+        self.flushes += 1
 
 
 class FakeMessage:
@@ -128,14 +128,14 @@ class Harness:
         )
         self.offsets = {False: 0, True: 0}
 
-    def command(self, body: dict[str, Any], *, internal: bool = False, offset: int | None = None) -> Command:
+    def command(self, body: dict[str, Any], *, internal: bool = False, offset: int | None = None) -> CommandRecord:
         if offset is None:
             offset = self.offsets[internal]
             self.offsets[internal] += 1
         value = orjson.dumps({"streamPath": PATH, **body})
-        return Command(partition=0, offset=offset, key=PATH.encode(), value=value, headers={}, internal=internal)
+        return CommandRecord(partition=0, offset=offset, key=PATH.encode(), value=value, headers={}, internal=internal)
 
-    async def handle(self, *commands: Command) -> None:
+    async def handle(self, *commands: CommandRecord) -> None:
         await self.engine.handle_batch(commands)
 
     async def settle(self) -> None:
@@ -167,7 +167,7 @@ def test_rows_are_stored_only_after_the_journal_record_is_acknowledged() -> None
         await asyncio.sleep(0)
         await h.engine.drain(wait=False)
         assert rows.meta_key(PATH) in h.table.stored
-        assert rows.position_key(0) in h.table.stored  # the journal position, in the same commit
+        assert rows.position_key(0) in h.table.stored  # the journal position, in the same flush
         result = h.kafka.on(NAMES.results)[0].value
         assert orjson.loads(result) == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
 
@@ -253,10 +253,10 @@ def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_
 
 
 class Exploding(PartitionEngine):
-    def _after_fold(self, entry: Any, event: Any, pending: Any) -> None:
+    def _after_fold(self, entry: Any, event: Any, in_flight: Any) -> None:
         if getattr(event.payload, "content", "") == "boom":
             raise RuntimeError("boom")
-        super()._after_fold(entry, event, pending)
+        super()._after_fold(entry, event, in_flight)
 
 
 def test_nothing_a_command_holds_stops_the_partition() -> None:
@@ -464,17 +464,17 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
 
 
 class BurstRows(DictRows):
-    """Stores each commit whole, and keeps every burst in its changelog order, so a test can
+    """Stores each flush whole, and keeps every burst in its changelog order, so a test can
     restore what a worker killed mid-burst leaves: the stored rows before it plus any prefix."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bursts: list[tuple[dict[bytes, bytes], list[tuple[bytes, bytes | None]]]] = []
 
-    async def commit(self) -> None:
+    async def flush(self) -> None:
         before = dict(self.stored)
         self.bursts.append((before, changelog_order(self.buffer)))
-        await super().commit()
+        await super().flush()
 
 
 def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() -> None:
@@ -490,11 +490,11 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
         h.engine = PartitionEngine(0, table, NAMES, h.kafka.send, max_cached_streams=100, fatal=h.fatal.append)
         other = "/agents/b"
 
-        def on(path: str, body: dict[str, Any]) -> Command:
+        def on(path: str, body: dict[str, Any]) -> CommandRecord:
             command = h.command(body)
             value = orjson.loads(command.value)
             value["streamPath"] = path
-            return Command(0, command.offset, path.encode(), orjson.dumps(value), {})
+            return CommandRecord(0, command.offset, path.encode(), orjson.dumps(value), {})
 
         await h.handle(h.command(SYSTEM), h.command(user("first", appendId="a0")))
         await h.settle()
@@ -526,7 +526,7 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
             engine = PartitionEngine(0, restored, NAMES, h.kafka.send, max_cached_streams=100)
             position = engine.recorded_position()
             engine.catch_up([record for record in journal if record[0] > position], [])
-            await restored.commit()
+            await restored.flush()
             again = {k: v for k, v in restored.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
             assert again == full, f"prefix of {n} of {len(burst)} rows: {sorted(set(again) ^ set(full))[:5]}"
 

@@ -247,7 +247,7 @@ class DictTable:
         else:
             self.data[key] = value
 
-    async def commit(self) -> None:
+    async def flush(self) -> None:
         return None
 
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.capabilities.grants import call_key, parse_ref, shown_event
+from pipeline.capabilities.grants import parse_ref, shown_event
 from pipeline.cli import main
 from processors import row_codec
+from processors.idempotency_keys import script_call_key
 from processors.scripts import (
     crashed,
     execution_id,
@@ -374,12 +375,13 @@ def test_granted_functions_read_event_cuts_payloads_over_256_kib_with_a_notice()
 
 
 def test_granted_functions_appends_are_keyed_by_execution_and_call_counter() -> None:
-    assert call_key("/agents/a", "agent-output:7", 1, "/agents/a") == "capability-host/agent-output:7/call-1"
+    assert script_call_key("/agents/a", "agent-output:7", 1, "/agents/a") == "capability-host/agent-output:7/call-1"
     assert (
-        call_key("/agents/a", "agent-output:7", 2, "/agents/b") == "capability-host/from/agents/a/agent-output:7/call-2"
+        script_call_key("/agents/a", "agent-output:7", 2, "/agents/b")
+        == "capability-host/from/agents/a/agent-output:7/call-2"
     )
     long_path = "/" + "/".join(["s" * 100] * 5)
-    key = call_key(long_path, "agent-output:7", 3, "/agents/b")
+    key = script_call_key(long_path, "agent-output:7", 3, "/agents/b")
     assert len(key) <= 512 and key.endswith("/agent-output:7/call-3")
 
 

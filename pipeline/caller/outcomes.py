@@ -39,6 +39,9 @@ class OutcomeWriter:
         """Append the job's outcome; False if nothing was appended because it must run again."""
         record, path, order = job.record, job.path, job.order
         waited = time.monotonic() - job.queued_at
+        if job.superseded:
+            log.info("%s %s @%d: settled in the journal meanwhile, stopped; nothing appended", record.kind, path, order)
+            return True
         if job.abandoned:
             log.info(
                 "%s %s @%d model=%s: abandoned after %.1fs (will be repeated)",

@@ -36,6 +36,7 @@ class Job:
     task: asyncio.Task[Any] | None = None
     interrupted: bool = False  # a cancel record asked for it: settle as cancelled
     abandoned: bool = False  # rebalance or shutdown: append nothing, leave the record unfinished
+    superseded: bool = False  # the journal settled it already: append nothing, the record is done
     queued_at: float = field(default_factory=time.monotonic)
 
     @property

@@ -7,7 +7,8 @@ Cancel (docs/behaviour.md §4.4). A `cancel` record for the call running in its 
 cancels that task, which closes the HTTP connection (a streaming provider stops generating); the
 task's end then appends the partial output (if any) and the cancelled settlement. A cancel for a
 call still waiting settles it as cancelled without any HTTP call. A cancel for a call that already
-finished (or is unknown here) does nothing: its settlement already went out.
+finished (or is unknown here) does nothing: its settlement already went out. A `settled` notice
+(R is settled in the journal) drops a waiting call for R and stops a running one, appending nothing.
 
 Rebalance and shutdown. Revoked partitions get a short grace for their running calls, then those
 calls are abandoned (cancelled, nothing appended; the new owner repeats them) and finished work is
@@ -250,12 +251,19 @@ class LlmCaller:
         return True
 
     def _settled_in_journal(self, record: SettledNotice) -> None:
-        """R is settled: a call for it still waiting here (a record read again after a restart)
-        is dropped without appending anything. (Lead's stub: a running one is left to finish.)"""
-        waiting = self.calls.withdraw(record.streamPath, record.requestOffset)
+        """R is settled in the journal (a record read again after a restart, an expiry): a call for
+        R still waiting is dropped, a running one is stopped; neither appends anything."""
+        path, request = record.streamPath, record.requestOffset
+        running = self.calls.running(path, request)
+        if running is not None:
+            running.superseded = True
+            assert running.task is not None
+            running.task.cancel()  # its settlement appends nothing and finishes the record
+            return
+        waiting = self.calls.withdraw(path, request)
         if waiting is not None:
             self.commits.finished(waiting.tp, waiting.offset)
-            log.info("call %s @%d: already settled in the journal, not called", record.streamPath, record.requestOffset)
+            log.info("call %s @%d: already settled in the journal, not called", path, request)
 
     def _cancel(self, record: CancelRequest) -> None:
         path, request = record.streamPath, record.requestOffset

@@ -17,7 +17,6 @@ the journal has the item and returns its offset.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -27,11 +26,11 @@ import orjson
 
 from pipeline.capabilities.journal import JournalReader
 from pipeline.client import AppendError, AppendResult, AppendTimeout, Client, Receipt
+from processors.idempotency_keys import script_call_key
 from schemas.events import CONTEXT_ADDED
 from schemas.limits import path_problem
 
 MAX_PAYLOAD_BYTES = 256 * 1024
-MAX_KEY_CHARS = 512
 APPEND_TIMEOUT_S = 30.0
 NAMES = ("read_event", "set_context", "send_to_agent", "now")
 
@@ -75,18 +74,6 @@ def shown_event(event: dict[str, Any]) -> dict[str, Any]:
         "payload": payload,
         "createdAt": event["createdAt"],
     }
-
-
-def call_key(source: str, execution: str, call: int, target: str) -> str:
-    """The idempotency key of a script's n-th append. Keys are per stream, and execution ids are
-    only unique within their agent's stream, so a key in another stream names the source too."""
-    if target == source:
-        return f"capability-host/{execution}/call-{call}"
-    key = f"capability-host/from{source}/{execution}/call-{call}"
-    if len(key) > MAX_KEY_CHARS:
-        digest = hashlib.sha256(source.encode()).hexdigest()[:32]
-        key = f"capability-host/from-sha256:{digest}/{execution}/call-{call}"
-    return key
 
 
 async def outcome(receipt: Receipt, timeout: float) -> AppendResult:
@@ -167,7 +154,7 @@ class Grants:
 
     async def _append(self, target: str, item: dict[str, Any]) -> int:
         self.calls += 1
-        key = call_key(self.path, self.execution, self.calls, target)
+        key = script_call_key(self.path, self.execution, self.calls, target)
         command = {"type": CONTEXT_ADDED, "payload": item, "idempotencyKey": key}
         try:
             receipt = self.client.streams.get(target).append(command)

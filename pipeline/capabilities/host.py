@@ -42,7 +42,7 @@ from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
 from pipeline.offset_progress import PartitionProgress
 from pipeline.settings import Settings
-from processors import scripts
+from processors import idempotency_keys, scripts
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord
 from topics.names import topic_names
 
@@ -266,7 +266,10 @@ class CapabilityHost:
         # journal's round trip out of the pool.
         job.running = True
         status = await self._journal(
-            record.streamPath, SCRIPT_RUN_STARTED, {"executionId": execution}, scripts.started_key(execution)
+            record.streamPath,
+            SCRIPT_RUN_STARTED,
+            {"executionId": execution},
+            idempotency_keys.script_run_started_key(execution),
         )
         if status != "journaled":
             if status == "duplicate":  # an earlier host started it: never run twice
@@ -311,7 +314,7 @@ class CapabilityHost:
 
     async def _settle(self, record: ScriptRunRecord, settlement: dict[str, Any], duration_ms: int | None) -> None:
         payload = scripts.settled_payload(record.executionId, settlement, duration_ms)
-        key = scripts.settled_key(record.executionId)
+        key = idempotency_keys.script_run_settled_key(record.executionId)
         status = await self._journal(record.streamPath, SCRIPT_RUN_SETTLED, payload, key)
         label = settlement["status"] if settlement["status"] == "succeeded" else settlement["failureKind"]
         metrics.SCRIPT_RUNS.labels(label).inc()

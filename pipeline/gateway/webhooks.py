@@ -18,6 +18,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from processors.idempotency_keys import github_delivery_key, slack_event_key
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED, SLACK_WEBHOOK_RECEIVED
 
 SLACK_MAX_SKEW_S = 5 * 60
@@ -67,7 +68,7 @@ def github_command(
         "streamPath": f"/integrations/github/{install}",
         "type": GITHUB_WEBHOOK_RECEIVED,
         "payload": {"event": event, "delivery": delivery, "payload": payload},
-        "idempotencyKey": f"github/delivery/{delivery}",
+        "idempotencyKey": github_delivery_key(delivery),
     }
 
 
@@ -94,7 +95,7 @@ def slack_command(workspace: str, payload: dict[str, Any]) -> dict[str, Any]:
         "streamPath": f"/integrations/slack/{workspace}",
         "type": SLACK_WEBHOOK_RECEIVED,
         "payload": {"payload": payload},
-        "idempotencyKey": f"slack/event/{event_id}",
+        "idempotencyKey": slack_event_key(event_id),
     }
 
 

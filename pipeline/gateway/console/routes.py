@@ -41,8 +41,9 @@ from pipeline.gateway.console.views import (
     slice_page,
 )
 from processors.gate import Claims, in_scope
-from processors.render import TRANSPORTS, Transport, as_of_request, render_messages
+from processors.render import as_of_request, render_messages
 from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
+from schemas.requests import TRANSPORTS, Transport
 
 if TYPE_CHECKING:
     from pipeline.gateway.app import Gateway

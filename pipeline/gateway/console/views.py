@@ -13,10 +13,12 @@ from typing import Any
 
 import orjson
 
-from processors.render import Transport, provider_role, render_cell
+from processors import idempotency_keys
+from processors.render import provider_role, render_cell
 from processors.scheduler import backoff_ms, decide
 from processors.state import AgentState, Cell
 from schemas.events import AGENT_PAUSED, LLM_REQUEST_REQUESTED, InvalidPayloadEvent
+from schemas.requests import Transport
 
 STATUS_LABELS = {
     "idle": "idle",
@@ -339,7 +341,7 @@ def explain_turn(state: AgentState, now_ms: int, default_model: str, paused_reas
     if decision.appends:
         lines.append(
             f"{trigger} is due ({parts} from {_at(pending.atMs)}): the scheduler requests a turn now "
-            f"(idempotency key agent/request/{pending.offset})."
+            f"(idempotency key {idempotency_keys.request_key(pending.offset)})."
         )
     else:
         lines.append(f"{trigger} waits: {parts} from {_at(pending.atMs)}, due at {_at(due)} (in {due - now_ms} ms).")
