@@ -23,7 +23,6 @@ from processors.render import (
     MIN_ITEM_BYTES,
     MIN_REQUEST_BYTES,
     TIMESTAMP_PREFIX,
-    TRANSPORTS,
     RenderBudget,
     as_of_request,
     omitted_notice,
@@ -41,6 +40,7 @@ from schemas.events import (
     InvalidPayloadEvent,
     decode_event,
 )
+from schemas.requests import TRANSPORTS
 from tests.journal import AFTER_CURRENT, DONT_TRIGGER, INTERRUPT, Journal
 
 PROPERTY_SETTINGS = settings(

@@ -14,7 +14,6 @@ from processors.render import (
     MIN_ITEM_BYTES,
     MIN_REQUEST_BYTES,
     TIMESTAMP_PREFIX,
-    TRANSPORTS,
     RenderBudget,
     cut_notice,
     neutral_role,
@@ -29,7 +28,7 @@ from processors.render import (
 )
 from processors.state import AgentState
 from schemas.context import ContextItem
-from schemas.requests import MAX_MESSAGES_BYTES, MAX_RECORD_BYTES
+from schemas.requests import MAX_MESSAGES_BYTES, MAX_RECORD_BYTES, TRANSPORTS
 from tests.journal import DONT_TRIGGER, Journal
 
 HEADER_EXAMPLE = (

@@ -115,13 +115,13 @@ class StreamQueues:
     def withdraw(self, path: str, order: int) -> Job | None:
         """Take the job for `order` out of `path`'s waiting jobs (it counts as handled); None if not waiting."""
         queue = self._queues.get(path)
-        for job in queue.waiting if queue is not None else ():
-            if job.order == order:
-                queue.waiting.remove(job)  # type: ignore[union-attr]
-                self.handled.bump(path, order)
-                self._pump(path)
-                return job
-        return None
+        job = next((j for j in queue.waiting if j.order == order), None) if queue is not None else None
+        if queue is None or job is None:
+            return None
+        queue.waiting.remove(job)
+        self.handled.bump(path, order)
+        self._pump(path)
+        return job
 
     def drop_waiting(self, partitions: set[TopicPartition]) -> None:
         """Forget the waiting jobs of revoked partitions (their records stay uncommitted)."""
