@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/turns.py [--agents 1000] [--rounds 3]
 
-    .venv/bin/python bench/turns.py --cpu-only [--cpu-calls 300]
+    .venv/bin/python bench/turns.py --cpu-only [--cpu-calls 500]
 
 First, the LLM caller's CPU per provider call with a 20-message request (a rendered request's
 shape), measured in a separate process against a local instant server: the caller's path
@@ -15,13 +15,15 @@ message to every agent at once and waits until every turn is settled. Reports:
 - scheduling overhead: user message journaled -> request published on llm-requests, minus the
   debounce (target p99 <= 30 ms over the debounce);
 - turn overhead: user message journaled -> answer journaled (settlement), model time ~0.
-Times are Kafka record timestamps on this one machine. Needs the local broker running.
+- the caller process's CPU per turn during the rounds (Linux /proc).
+Times are Kafka record timestamps on this one machine. Needs the local broker (not `--cpu-only`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -101,6 +103,15 @@ def start_llm_server() -> tuple[subprocess.Popen[bytes], str]:
     line = server.stdout.readline().decode()
     url = line.split("listening on ", 1)[1].strip()
     return server, url
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a running process (None where /proc is missing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rendered_request(messages: int = 20) -> list[Message]:
@@ -227,6 +238,8 @@ def main() -> None:
         agents = [client.agents.create() for _ in range(args.agents)]
         client.flush()
         follower = SettlementFollower(stack.client.topics.journal, args.partitions)
+        assert stack.caller is not None
+        caller_cpu_before = process_cpu_s(stack.caller.pid)
         turn_rates = []
         for round_number in range(1, args.rounds + 1):
             started = time.monotonic()
@@ -253,6 +266,7 @@ def main() -> None:
             turn_rates.append(args.agents / elapsed)
             print(f"round {round_number}: {args.agents} turns in {elapsed:.2f}s = {args.agents / elapsed:,.0f} turns/s")
 
+        caller_cpu_after = process_cpu_s(stack.caller.pid)
         journal = read_all(stack.client.topics.journal)
         requests = read_all(stack.client.topics.llm_requests)
         user_at: dict[tuple[str, int], int] = {}
@@ -289,6 +303,9 @@ def main() -> None:
         ):
             p = 99 if "p99" in name else 50
             print(f"{name:<52} {percentile(values, p):>12,.0f} {target:>14}")
+        if caller_cpu_before is not None and caller_cpu_after is not None:
+            per_turn = (caller_cpu_after - caller_cpu_before) * 1000 / (args.agents * args.rounds)
+            print(f"{'LLM caller process CPU per turn (ms, during rounds)':<52} {per_turn:>12.2f}")
         print(f"(samples: {len(scheduling)} requests; debounce {DEBOUNCE_MS} ms; instant scripted model)")
     finally:
         stack.close()
