@@ -15,7 +15,7 @@ baseline measured in the same run on the same machine:
   the same commands (more of them: it is fast) and measured the same way on its output topic.
 - append→journaled latency p50/p99 at a fixed offered load (paced producer): consume time of the
   journal record minus produce time of the command. Baseline: the same load through the raw loop.
-- replay events/s of `pipeline.replay.replay` over the whole journal written by the run (topped up
+- replay events/s of `pipeline.journal.replay.replay` over the whole journal written by the run (topped up
   with a realistic mix through the workers' door: keyed slots, idempotency keys, requests with
   answers, settlements and usage reports, compactions), with `jobs=1` and `jobs=2`, beside a raw
   confluent-kafka consume of the same topic (no processing) and the pure fold rate of the same
@@ -53,9 +53,9 @@ import orjson  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from pipeline import heap  # noqa: E402
 from pipeline.client import consume_ready, watermarks  # noqa: E402
-from pipeline.replay import replay  # noqa: E402
+from pipeline.journal import heap  # noqa: E402
+from pipeline.journal.replay import replay  # noqa: E402
 from processors.reducer import fold  # noqa: E402
 from processors.state import AgentState  # noqa: E402
 from schemas.events import (  # noqa: E402
@@ -236,7 +236,7 @@ def mix_commands(path: str, count: int, rng: random.Random) -> list[bytes]:
 def pure_fold_rate(partitions: list[list[bytes]], worker_gc: bool) -> float:
     """Events/s of decode (JSON bytes -> validated event) + fold alone, partition after partition.
 
-    `worker_gc`: the journal worker's GC policy (`pipeline/heap.py`, as bench/reduce.py); else
+    `worker_gc`: the journal worker's GC policy (`pipeline/journal/heap.py`, as bench/reduce.py); else
     replay's (no collections while folding).
     """
     states: dict[str, AgentState] = {}

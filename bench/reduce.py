@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from pipeline import heap
+from pipeline.journal import heap
 from processors.reducer import fold
 from processors.render import render_messages
 from processors.state import AgentState
@@ -209,7 +209,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     print(f"fold: decode JSON bytes + validate + fold, {args.events} events per size, one core")
-    print("  worker GC = the journal worker's policy (pipeline/heap.py: settle every 1000 events)")
+    print("  worker GC = the journal worker's policy (pipeline/journal/heap.py: settle every 1000 events)")
     print(f"{'target items':>13} {'mean items':>11} {'GC policy':>10} {'events/s':>11} {'us/event':>9} {'ratio':>7}")
     for worker_gc in (False, True):
         baseline_us = None

@@ -36,8 +36,8 @@ from aiokafka.structs import TopicPartition
 from faust.exceptions import Skip
 from prometheus_client import Counter, Histogram, start_http_server
 
-from pipeline.journal_worker import RAW, _credentials
-from pipeline.partitioner import partition_for
+from pipeline.journal.worker import RAW, _credentials
+from pipeline.kafka.partitioner import partition_for
 from pipeline.settings import Settings
 from processors.reducer import epoch_ms
 from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source

@@ -145,8 +145,8 @@ def test_replay_out_refuses_a_foreign_or_live_directory(stack: Stack, tmp_path: 
 
 def test_replay_verify_reports_every_row_no_stream_owns(stack: Stack, tmp_path: Path) -> None:
     """Finding: `replay --verify` must compare every row of both stores, not only the streams it knows."""
-    from pipeline.partitioner import partition_for
-    from pipeline.replay import live_store_paths, open_rows
+    from pipeline.journal.replay import live_store_paths, open_rows
+    from pipeline.kafka.partitioner import partition_for
     from processors import rows
 
     first = agentstream(stack, "agent", "create").stdout.strip()
@@ -289,7 +289,8 @@ def test_down_with_nothing_running_says_so(monkeypatch: pytest.MonkeyPatch, tmp_
     The stack's real stop scripts run from a copy of the repository layout, so the shared broker
     and any engineer's workers stay untouched.
     """
-    from pipeline import cli, local_stack
+    from pipeline import cli
+    from pipeline.dev import local_stack
 
     scripts = tmp_path / "repo" / "scripts"
     for name in ("kafka/stop.sh", "kafka/common.sh", "model/stop.sh"):

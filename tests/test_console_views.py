@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.agent_command import request_messages
+from pipeline.cli.agent_command import request_messages
 from pipeline.gateway.console.mirror import RecordCache
 from pipeline.gateway.console.sessions import SessionBook, csrf_ok
 from pipeline.gateway.console.views import (

@@ -38,10 +38,10 @@ from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.journal_processor import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
+from pipeline.journal.engine import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
+from pipeline.journal.replay import RdictRows, live_store_paths, open_rows, replay, verify
+from pipeline.kafka.partitioner import partition_for
 from pipeline.metrics import dlq_reason_label
-from pipeline.partitioner import partition_for
-from pipeline.replay import RdictRows, live_store_paths, open_rows, replay, verify
 from processors import row_codec, rows
 from schemas.events import (
     AGENT_CONFIGURED,

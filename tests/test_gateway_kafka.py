@@ -19,7 +19,7 @@ import orjson
 import pytest
 import yaml
 
-from pipeline.journal_processor import H_APPEND_ID
+from pipeline.journal.engine import H_APPEND_ID
 from pipeline.settings import Settings
 from schemas.events import AGENT_PAUSED, CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED, SLACK_WEBHOOK_RECEIVED

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from pipeline.client import AppendRejected, Client, Receipt
-from pipeline.journal_processor import H_REASON
+from pipeline.journal.engine import H_REASON
 from processors import rows
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
@@ -164,7 +164,7 @@ def test_finding_8_an_actor_path_with_a_newline_cannot_forge_a_header_line(stack
 
 def rewind_command_positions(stack: Stack) -> None:
     """Make the stopped worker read every command again: its rows record where reading resumes."""
-    from pipeline.replay import live_store_paths, open_rows
+    from pipeline.journal.replay import live_store_paths, open_rows
 
     for partition, path in live_store_paths(stack.settings).items():
         db = open_rows(path)

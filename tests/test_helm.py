@@ -518,7 +518,7 @@ def test_dockerfile_copies_only_what_the_build_context_keeps() -> None:
         for source in sources:
             assert (ROOT / source).exists(), source
             assert not dockerignored(source.rstrip("/")), source
-    for kept in ("pyproject.toml", "README.md", "pipeline/cli.py", "schemas", "topics"):
+    for kept in ("pyproject.toml", "README.md", "pipeline/cli/", "schemas", "topics"):
         assert not dockerignored(kept), kept
     for left_out in (".venv", ".local", ".git", "tests", "helm", "pipeline/__pycache__", "Makefile"):
         assert dockerignored(left_out), left_out

@@ -11,8 +11,8 @@ import pytest
 
 from pipeline import base_policy
 from pipeline.client import AppendRejected
-from pipeline.journal_processor import H_REASON
-from pipeline.replay import live_store_paths, replay, verify
+from pipeline.journal.engine import H_REASON
+from pipeline.journal.replay import live_store_paths, replay, verify
 from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED, STREAM_ERROR_OCCURRED
 from tests.kafka_stack import Stack, ensure_broker
 
@@ -70,7 +70,7 @@ def test_many_streams_across_partitions_each_gapless(stack: Stack) -> None:
         events = stream.events()
         assert [e.offset for e in events] == [1, 2, 3, 4, 5]
         assert [e.payload.content for e in events] == [f"{stream.path} #{n}" for n in range(5)]
-        from pipeline.partitioner import partition_for
+        from pipeline.kafka.partitioner import partition_for
 
         partitions.add(partition_for(stream.path, stack.settings.partitions))
     assert len(partitions) == stack.settings.partitions

@@ -40,8 +40,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from pipeline.client import AppendTimeout, Receipt, watermarks
-from pipeline.journal_processor import H_APPEND_ID
-from pipeline.replay import live_store_paths, replay, verify
+from pipeline.journal.engine import H_APPEND_ID
+from pipeline.journal.replay import live_store_paths, replay, verify
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import demo, local_stack
+from pipeline.dev import demo, local_stack
 from pipeline.gateway.tokens import TokenBook
 from pipeline.settings import Settings
 

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.journal_processor import (
+from pipeline.journal.engine import (
     H_REASON,
     H_SOURCE_OFFSET,
     CommandPositions,

@@ -16,7 +16,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.fold_command import fold_lines
+from pipeline.cli.fold_command import fold_lines
 from processors.reducer import fold
 from processors.render import (
     CONTEXT_PROTOCOL,

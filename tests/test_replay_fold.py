@@ -1,4 +1,4 @@
-"""Replay's fold (`pipeline.replay_fold`) against the live path and the engine's catch-up, no broker.
+"""Replay's fold (`pipeline.journal.replay_fold`) against the live path and the engine's catch-up, no broker.
 
 The journal here is written the way the journal worker writes it: every command goes through
 `processors.journal.journal_command` (validation, dedupe, offsets, the rows the live path stores),
@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL, PartitionEngine
-from pipeline.replay_fold import PartitionFold, Record, decode_record
+from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL, PartitionEngine
+from pipeline.journal.replay_fold import PartitionFold, Record, decode_record
 from processors import row_codec, rows
 from processors.journal import Journaled, journal_command, payload_hash
 from processors.state import AgentState, SourceOffsets

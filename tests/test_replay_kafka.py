@@ -21,10 +21,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from rocksdict import Options, Rdict
 
-import pipeline.replay
+import pipeline.journal.replay
 from pipeline.client import Receipt, watermarks
-from pipeline.partitioner import partition_for
-from pipeline.replay import (
+from pipeline.journal.replay import (
     MARKER,
     PartitionTask,
     _Helpers,
@@ -34,6 +33,7 @@ from pipeline.replay import (
     replay,
     verify,
 )
+from pipeline.kafka.partitioner import partition_for
 from processors import row_codec, rows
 from schemas.events import (
     CONTEXT_ADDED,
@@ -212,7 +212,7 @@ def test_interrupted_replay_is_rebuilt_from_scratch(
     stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
-    write = pipeline.replay._write
+    write = pipeline.journal.replay._write
     calls = 0
 
     def interrupt_second_batch(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
@@ -222,7 +222,7 @@ def test_interrupted_replay_is_rebuilt_from_scratch(
             raise KeyboardInterrupt  # Ctrl-C halfway through
         write(db, staged)
 
-    monkeypatch.setattr(pipeline.replay, "_write", interrupt_second_batch)
+    monkeypatch.setattr(pipeline.journal.replay, "_write", interrupt_second_batch)
     with pytest.raises(KeyboardInterrupt):
         replay(stack.settings, out, progress=False)
     monkeypatch.undo()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.journal_processor import PartitionEngine
+from pipeline.journal.engine import PartitionEngine
 from processors import row_codec, rows
 from processors.journal import apply_event, payload_hash
 from processors.reducer import fold

@@ -27,7 +27,7 @@ import orjson
 import pytest
 
 from pipeline.client import Receipt
-from pipeline.replay import live_store_paths, replay, verify
+from pipeline.journal.replay import live_store_paths, replay, verify
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
 

@@ -8,7 +8,7 @@ import asyncio
 from prometheus_client import REGISTRY
 
 from pipeline import metrics
-from pipeline.journal_processor import PartitionEngine
+from pipeline.journal.engine import PartitionEngine
 from schemas.events import AGENT_PAUSED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED
 from tests.test_partition_engine import Harness
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.replay import live_store_paths, replay, verify
+from pipeline.journal.replay import live_store_paths, replay, verify
 from processors.reducer import fold_all
 from processors.state import AgentState
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, decode_event

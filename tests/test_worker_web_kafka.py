@@ -91,7 +91,7 @@ def test_worker_web_serves_status_but_no_table_rows_on_loopback_only(stack: Stac
 def test_worker_bind_is_a_setting_with_a_loopback_default(tmp_path: Path) -> None:
     assert Settings.from_env({}).worker_bind == "127.0.0.1"
     assert Settings.from_env({"AGENTSTREAM_WORKER_BIND": "0.0.0.0"}).worker_bind == "0.0.0.0"
-    from pipeline.journal_worker import build_app
+    from pipeline.journal.worker import build_app
 
     app = build_app(Settings.from_env({}, data_dir=tmp_path, worker_bind="::1"))
     assert app.conf.web_bind == "::1"

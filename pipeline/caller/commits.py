@@ -1,7 +1,7 @@
 """At-least-once commits of `llm-requests` offsets (docs/architecture.md, "LLM caller").
 
 A record is *finished* once its appends are produced (or it needed none). Per partition the
-committed offset is the first unfinished record's (`pipeline/offset_progress.py`); before each
+committed offset is the first unfinished record's (`pipeline/kafka/offset_progress.py`); before each
 commit the producer is flushed, so a committed record's appends are in Kafka. A restart
 re-delivers every unfinished record and repeats its call; the idempotency keys derived from the
 request offset make the journal answer the second set of appends as duplicates.
@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.client import AppendError, Client
-from pipeline.offset_progress import PartitionProgress
+from pipeline.kafka.offset_progress import PartitionProgress
 
 log = logging.getLogger("agentstream.caller")
 

@@ -40,7 +40,7 @@ from pipeline.capabilities.grants import Grants, outcome
 from pipeline.capabilities.journal import JournalReader
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
-from pipeline.offset_progress import PartitionProgress
+from pipeline.kafka.offset_progress import PartitionProgress
 from pipeline.settings import Settings
 from processors import idempotency_keys, scripts
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord

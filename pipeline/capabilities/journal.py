@@ -19,7 +19,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from pipeline.client import consume_ready, watermarks
-from pipeline.partitioner import partition_for
+from pipeline.kafka.partitioner import partition_for
 from pipeline.settings import Settings
 from topics.admin import quiet_librdkafka
 from topics.names import topic_names

@@ -42,7 +42,7 @@ class Saturated(Exception):
 
 
 def producer_config(settings: Settings) -> dict[str, Any]:
-    """The client's producer settings (pipeline/client.py), with the gateway's bounds."""
+    """The client's producer settings (pipeline/client/), with the gateway's bounds."""
     return {
         **settings.kafka_client_config(),
         "enable.idempotence": True,

@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from jinja2 import Environment, FileSystemLoader
 from starlette.staticfiles import StaticFiles
 
-from pipeline.agent_command import request_messages
+from pipeline.cli.agent_command import request_messages
 from pipeline.gateway.commands import Problem, new_append_id, prepare_submission
 from pipeline.gateway.console.mirror import JournalMirror, StreamEntry
 from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, Session, SessionBook, csrf_ok

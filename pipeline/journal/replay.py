@@ -2,7 +2,7 @@
 
 The journal is the source of truth. Replay reads every partition of agent-journal from its start to
 the end it had when replay began, folds each stream with the reducer and row encodings the worker
-uses (`pipeline.replay_fold`: the rows `PartitionEngine.catch_up` would store, encoded once per
+uses (`pipeline.journal.replay_fold`: the rows `PartitionEngine.catch_up` would store, encoded once per
 batch), and writes the rows into a fresh RocksDB directory (one database per partition, the layout
 of the live store). Records are consumed in batches and each batch's rows are written in one
 `WriteBatch`. `--jobs N` replays partitions in N processes at once (a partition is folded by one
@@ -42,10 +42,10 @@ from rocksdict import AccessType, Options, Rdict, WriteBatch, WriteOptions
 from tqdm import tqdm
 
 from pipeline import exit_codes
-from pipeline.agent_command import check_path
+from pipeline.cli.agent_command import check_path
 from pipeline.client import consume_ready, watermarks
-from pipeline.partitioner import partition_for
-from pipeline.replay_fold import PartitionFold, Record
+from pipeline.journal.replay_fold import PartitionFold, Record
+from pipeline.kafka.partitioner import partition_for
 from pipeline.settings import Settings
 from processors import dedupe, rows
 from topics.admin import KafkaSetupError, quiet_librdkafka, require_topics
@@ -213,7 +213,7 @@ def _write(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
 def _folding_gc() -> Iterator[None]:
     """Replay's garbage-collector policy: no collections while folding.
 
-    The projections hold no reference cycles (`pipeline.heap`), so CPython's collections would
+    The projections hold no reference cycles (`pipeline.journal.heap`), so CPython's collections would
     only scan them, again and again as they grow (the worker freezes them instead; a batch job
     need not scan them at all). The rare cycle (an invalid record's exception) is collected once
     replay is done.
@@ -638,7 +638,7 @@ def verify(replayed_dir: Path, live_paths: dict[int, Path], only_path: str | Non
 
 def live_store_paths(settings: Settings) -> dict[int, Path]:
     """Where the journal worker keeps each partition's rows (Faust's table layout)."""
-    from pipeline.journal_worker import ROWS_TABLE, build_app
+    from pipeline.journal.worker import ROWS_TABLE, build_app
 
     app = build_app(settings)
     store = app.tables[ROWS_TABLE].data

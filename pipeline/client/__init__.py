@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from pydantic import ValidationError
 
 from pipeline import base_policy
-from pipeline.partitioner import partition_for
+from pipeline.kafka.partitioner import partition_for
 from pipeline.settings import Settings
 from processors.idempotency_keys import AGENT_CREATED_KEY
 from schemas.events import (

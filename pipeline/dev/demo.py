@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any
 
-from pipeline import exit_codes, local_stack
+from pipeline import exit_codes
 from pipeline.client import Client
+from pipeline.dev import local_stack
 from pipeline.settings import Settings
 from processors.reducer import fold_all
 from processors.render import render_messages

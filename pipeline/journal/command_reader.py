@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from pipeline.journal_processor import CommandRecord, PartitionEngine
+from pipeline.journal.engine import CommandRecord, PartitionEngine
 from topics.admin import quiet_librdkafka
 from topics.names import TopicNames
 

@@ -32,9 +32,9 @@ from aiokafka.structs import TopicPartition
 from rocksdict import WriteBatch
 
 from pipeline import exit_codes, metrics
-from pipeline.command_reader import CommandReader
-from pipeline.journal_processor import PartitionEngine, changelog_order
-from pipeline.kafka_producer import AsyncProducer
+from pipeline.journal.command_reader import CommandReader
+from pipeline.journal.engine import PartitionEngine, changelog_order
+from pipeline.kafka.producer import AsyncProducer
 from pipeline.settings import Settings
 from processors.row_codec import RowFormatError
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names

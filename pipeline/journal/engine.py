@@ -21,7 +21,7 @@ acknowledged by Kafka, in order. Therefore:
 Two command topics feed one writer: `agent-appends` (anyone) and `agent-internal-appends` (the
 workers only; co-partitioned). Events that only the workers may write are refused on the first.
 
-The Faust wiring lives in `pipeline.journal_worker`; this module needs only a `RowTable` (the
+The Faust wiring lives in `pipeline.journal.worker`; this module needs only a `RowTable` (the
 partition's rows: read a key, scan a prefix, write a row), a producer and a journal reader.
 """
 
@@ -40,9 +40,10 @@ import orjson
 from confluent_kafka import KafkaError
 from pydantic import ValidationError
 
-from pipeline import heap, metrics
-from pipeline.kafka_producer import OnDelivery
-from pipeline.partitioner import partition_for
+from pipeline import metrics
+from pipeline.journal import heap
+from pipeline.kafka.partitioner import partition_for
+from pipeline.kafka.producer import OnDelivery
 from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages

@@ -16,9 +16,12 @@ from typing import Any
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
-from pipeline import agent_command, demo, exit_codes, fold_command, local_stack, replay
+from pipeline import exit_codes
+from pipeline.cli import agent_command, fold_command
 from pipeline.client import AppendError, AppendRejected
+from pipeline.dev import demo, local_stack
 from pipeline.gateway import cli as gateway_cli
+from pipeline.journal import replay
 from pipeline.settings import Settings, SettingsError
 from topics.admin import KafkaSetupError
 
@@ -33,7 +36,7 @@ EXIT_INTERRUPTED = exit_codes.INTERRUPTED
 def _worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     if args.kind == "journal":
-        from pipeline.journal_worker import run
+        from pipeline.journal.worker import run
     elif args.kind == "router":
         from pipeline.router import run
     elif args.kind == "capabilities":

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
-from pipeline.journal_processor import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
+from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from processors import dedupe, row_codec, rows
 from processors.dedupe import RowReader
 from processors.journal import payload_hash

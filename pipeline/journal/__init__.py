@@ -1,0 +1,1 @@
+"""The journal worker: commands in, journal and rows out; recovery and replay."""

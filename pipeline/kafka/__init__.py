@@ -1,0 +1,1 @@
+"""Kafka plumbing shared by the workers and the client: producer, partitioner, offset progress."""
