@@ -10,10 +10,11 @@ shape), measured in a separate process against a local instant server: the calle
 `chat.completions.create` with the same request, alternating in blocks in the same run, with the
 ratio. Then it starts an isolated topic set, the journal worker, the LLM caller and the scripted
 OpenAI-compatible server answering instantly; creates N agents; then, per round, sends one user
-message to every agent at once and waits until every turn is settled. Reports:
+message to every agent at once and waits until every turn is settled; then one more message per
+agent, paced at half the best round's rate. Reports:
 - complete turns/s across all agents (first append of the round to the last settlement);
 - scheduling overhead: user message journaled -> request published on llm-requests, minus the
-  debounce (target p99 <= 30 ms over the debounce);
+  debounce, in the bursts and at half the max rate (target there: p99 <= 30 ms over the debounce);
 - turn overhead: user message journaled -> answer journaled (settlement), model time ~0.
 - the caller process's CPU per turn during the rounds (Linux /proc).
 Times are Kafka record timestamps on this one machine. Needs the local broker (not `--cpu-only`).
@@ -267,6 +268,25 @@ def main() -> None:
             print(f"round {round_number}: {args.agents} turns in {elapsed:.2f}s = {args.agents / elapsed:,.0f} turns/s")
 
         caller_cpu_after = process_cpu_s(stack.caller.pid)
+        # Paced: every agent gets one more message, spread evenly at half the best burst rate, so the
+        # scheduling overhead is measured under a sustainable load (the target), not a burst.
+        paced_rate = max(turn_rates) / 2
+        paced_from = time.time() * 1000
+        started = time.monotonic()
+        for n, agent in enumerate(agents):
+            delay = started + n / paced_rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            agent.append(
+                {
+                    "type": CONTEXT_ADDED,
+                    "payload": {"role": "user", "content": "paced", "actor": {"type": "user", "origin": "cli"}},
+                }
+            )
+        client.flush()
+        while sum(1 for a in agents if follower.settled.get(a.path, 0) >= args.rounds + 1) < len(agents):
+            follower.poll()
+        print(f"paced: {args.agents} turns offered at {paced_rate:,.0f}/s (half the best round)")
         journal = read_all(stack.client.topics.journal)
         requests = read_all(stack.client.topics.llm_requests)
         user_at: dict[tuple[str, int], int] = {}
@@ -289,24 +309,40 @@ def main() -> None:
             triggers = [o for (p, o) in user_at if p == path and o < r]
             if triggers:
                 request_trigger[(path, r)] = max(triggers)
-        scheduling = [published_at[k] - user_at[(k[0], t)] - DEBOUNCE_MS for k, t in request_trigger.items()]
-        turn = [settled_at[k] - user_at[(k[0], t)] for k, t in request_trigger.items() if k in settled_at]
+        burst = {k: t for k, t in request_trigger.items() if user_at[(k[0], t)] < paced_from}
+        paced = {k: t for k, t in request_trigger.items() if user_at[(k[0], t)] >= paced_from}
+
+        def scheduling_of(triggers: dict[tuple[str, int], int]) -> list[float]:
+            return [published_at[k] - user_at[(k[0], t)] - DEBOUNCE_MS for k, t in triggers.items()]
+
+        def turn_of(triggers: dict[tuple[str, int], int]) -> list[float]:
+            return [settled_at[k] - user_at[(k[0], t)] for k, t in triggers.items() if k in settled_at]
+
+        scheduling, turn = scheduling_of(burst), turn_of(burst)
+        paced_scheduling, paced_turn = scheduling_of(paced), turn_of(paced)
         print()
         print(f"{'figure':<52} {'value':>12} {'target':>14}")
         print(f"{'complete turns/s (best round)':<52} {max(turn_rates):>12,.0f} {'>= 500':>14}")
         print(f"{'complete turns/s (mean of rounds)':<52} {sum(turn_rates) / len(turn_rates):>12,.0f}")
         for name, values, target in (
-            ("scheduling overhead beyond debounce p50 (ms)", scheduling, ""),
-            ("scheduling overhead beyond debounce p99 (ms)", scheduling, "<= 30"),
-            ("user journaled -> answer journaled p50 (ms)", turn, ""),
-            ("user journaled -> answer journaled p99 (ms)", turn, ""),
+            ("burst: scheduling beyond debounce p50 (ms)", scheduling, ""),
+            ("burst: scheduling beyond debounce p99 (ms)", scheduling, ""),
+            ("burst: user journaled -> answer journaled p50 (ms)", turn, ""),
+            ("burst: user journaled -> answer journaled p99 (ms)", turn, ""),
+            ("half max: scheduling beyond debounce p50 (ms)", paced_scheduling, ""),
+            ("half max: scheduling beyond debounce p99 (ms)", paced_scheduling, "<= 30"),
+            ("half max: user journaled -> answer journaled p50 (ms)", paced_turn, ""),
+            ("half max: user journaled -> answer journaled p99 (ms)", paced_turn, ""),
         ):
             p = 99 if "p99" in name else 50
             print(f"{name:<52} {percentile(values, p):>12,.0f} {target:>14}")
         if caller_cpu_before is not None and caller_cpu_after is not None:
             per_turn = (caller_cpu_after - caller_cpu_before) * 1000 / (args.agents * args.rounds)
             print(f"{'LLM caller process CPU per turn (ms, during rounds)':<52} {per_turn:>12.2f}")
-        print(f"(samples: {len(scheduling)} requests; debounce {DEBOUNCE_MS} ms; instant scripted model)")
+        print(
+            f"(samples: {len(scheduling)} burst and {len(paced_scheduling)} paced requests; debounce {DEBOUNCE_MS} ms; "
+            "instant scripted model)"
+        )
     finally:
         stack.close()
         server.terminate()
