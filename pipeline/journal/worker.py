@@ -315,7 +315,7 @@ def build_app(settings: Settings) -> faust.App:
         async for _ in stream:
             pass
 
-    @app.timer(interval=0.01)
+    @app.timer(interval=0.005)  # the tick bounds a turn's wait beyond its debounce
     async def schedule() -> None:
         """Append the scheduler's due commands (requests, pauses, resumes, expiries)."""
         now_ms = int(time.time() * 1000)
