@@ -63,7 +63,7 @@ from schemas.events import (
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.outcomes import AppendOutcome, AppendStatus
-from schemas.requests import SettledNotice, Transport
+from schemas.requests import CallRequest, CancelRequest, CompactRequest, SettledNotice, Transport
 
 log = logging.getLogger("agentstream.journal")
 
@@ -581,18 +581,20 @@ class PartitionEngine:
     def _call_record(self, state: AgentState, messages: list[dict[str, Any]]) -> bytes:
         request = state.open
         assert request is not None
-        record = {
-            "kind": "call",
-            "streamPath": state.stream_path,
-            "requestOffset": request.offset,
-            "model": request.model,
-            "transport": self.transport,
-            "expiresAt": request.expiresAt,
-            "attempt": state.consecutive_llm_failures + 1,
-            "maxAttempts": state.config.llmRequestRetryPolicy.maxAttempts,
-            "messages": messages,
-        }
-        return orjson.dumps(record)
+        record = CallRequest.model_validate(
+            {
+                "kind": "call",
+                "streamPath": state.stream_path,
+                "requestOffset": request.offset,
+                "model": request.model,
+                "transport": self.transport,
+                "expiresAt": request.expiresAt,
+                "attempt": state.consecutive_llm_failures + 1,
+                "maxAttempts": state.config.llmRequestRetryPolicy.maxAttempts,
+                "messages": messages,
+            }
+        )
+        return _record_bytes(record)
 
     def _carry_out(self, command: CommandRecord, decision: Decision) -> None:
         """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
@@ -659,7 +661,7 @@ class PartitionEngine:
             in_flight.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
         elif event.type == LLM_REQUEST_SETTLED and not isinstance(event, InvalidPayloadEvent):
             notice = SettledNotice(kind="settled", streamPath=path, requestOffset=event.payload.requestOffset)
-            in_flight.after.append((self.topics.llm_requests, path.encode(), notice.model_dump_json().encode()))
+            in_flight.after.append((self.topics.llm_requests, path.encode(), _record_bytes(notice)))
         elif event.type == TOKEN_USAGE_REPORTED:
             compact = self._compaction(entry, event.offset)
             if compact is not None:
@@ -703,7 +705,7 @@ class PartitionEngine:
                 report.llmRequestOffset,
             )
             return None
-        return orjson.dumps(
+        record = CompactRequest.model_validate(
             {
                 "kind": "compact",
                 "streamPath": entry.state.stream_path,
@@ -716,6 +718,7 @@ class PartitionEngine:
                 "messages": messages,
             }
         )
+        return _record_bytes(record)
 
     def wake(self, path: str, at_ms: int) -> None:
         heapq.heappush(self.wakeups, (at_ms, path))
@@ -850,9 +853,15 @@ class PartitionEngine:
 
 
 def _cancel_record(path: str, request_offset: int) -> bytes:
-    return orjson.dumps(
-        {"kind": "cancel", "streamPath": path, "requestOffset": request_offset, "reason": "interrupted-by-user-input"}
+    record = CancelRequest(
+        kind="cancel", streamPath=path, requestOffset=request_offset, reason="interrupted-by-user-input"
     )
+    return _record_bytes(record)
+
+
+def _record_bytes(record: CallRequest | CancelRequest | CompactRequest | SettledNotice) -> bytes:
+    """An `llm-requests` record, built and checked through its `schemas.requests` model."""
+    return record.model_dump_json(exclude_none=True).encode()
 
 
 def _request_created_at(state: AgentState, request_offset: int) -> str | None:
