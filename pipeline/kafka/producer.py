@@ -36,10 +36,10 @@ class AsyncProducer:
                 {
                     "enable.idempotence": True,
                     "acks": "all",
-                    # A turn's scheduling path crosses this producer three times (scheduler command,
-                    # journal record, call record): 1 ms instead of librdkafka's 5 cut its overhead
-                    # beyond the debounce by a third (bench/turns.py); batches still fill under load.
-                    "linger.ms": 1,
+                    # 5 ms: at 1 ms a turn is ~10 ms faster (bench/turns.py), but at 5 000 appends/s
+                    # the many small produce requests saturate a 2-core broker (append->journaled
+                    # p99 53 ms -> 3.5 s in bench/journal.py).
+                    "linger.ms": 5,
                     # No compression: aiokafka readers (Faust's changelog recovery, the caller)
                     # would need extra codec libraries, and records here are small JSON.
                     "queue.buffering.max.messages": 1_000_000,
