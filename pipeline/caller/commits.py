@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.client import AppendError, Client
-from pipeline.kafka.offset_progress import PartitionProgress
+from pipeline.kafka.offset_progress import PartitionProgress, commit_points
 
 log = logging.getLogger("agentstream.caller")
 
@@ -59,11 +59,7 @@ class Commits:
     async def commit(self, consumer: AIOKafkaConsumer, client: Client) -> None:
         """Flush the producer, then commit each partition's first unfinished offset."""
         async with self._lock:
-            offsets: dict[TopicPartition, int] = {}
-            for tp, progress in self._progress.items():
-                point = progress.committable()
-                if point is not None and point != progress.committed:
-                    offsets[tp] = point
+            offsets = commit_points(self._progress)
             if not offsets:
                 return
             # Every append of the records counted above was produced before this flush started.

@@ -40,7 +40,7 @@ from pipeline.capabilities.grants import Grants, outcome
 from pipeline.capabilities.journal import JournalReader
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
-from pipeline.kafka.offset_progress import PartitionProgress
+from pipeline.kafka.offset_progress import PartitionProgress, commit_points
 from pipeline.settings import Settings
 from processors import idempotency_keys, scripts
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord
@@ -348,11 +348,7 @@ class CapabilityHost:
 
     async def _commit(self) -> None:
         assert self._consumer is not None
-        offsets: dict[TopicPartition, int] = {}
-        for tp, progress in self._progress.items():
-            point = progress.committable()
-            if point is not None and point != progress.committed:
-                offsets[tp] = point
+        offsets = commit_points(self._progress)
         if not offsets:
             return
         try:

@@ -6,6 +6,11 @@ finish them in any order; a partition's commit point is the first consumed offse
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+Partition = TypeVar("Partition")
+
 
 class PartitionProgress:
     """Which consumed offsets of one partition are finished; the commit point is the first that is not."""
@@ -30,3 +35,13 @@ class PartitionProgress:
                 return first
             del self.pending[first]
         return self.next
+
+
+def commit_points(progress: Mapping[Partition, PartitionProgress]) -> dict[Partition, int]:
+    """The partitions whose commit point moved since their last commit, with that point."""
+    points: dict[Partition, int] = {}
+    for partition, partition_progress in progress.items():
+        point = partition_progress.committable()
+        if point is not None and point != partition_progress.committed:
+            points[partition] = point
+    return points
