@@ -359,7 +359,8 @@ def test_recovery_publishes_an_open_requests_call_record_again_exactly() -> None
         await h.handle(h.command({"type": CONTEXT_ADDED, "payload": notes}), h.command(user("more")))
         await h.settle()
         engine = restarted(h)
-        again = engine.resume_open_work()
+        engine.wake_streams_with_work()
+        again = engine.republish_open_work()
         assert [(topic, key) for topic, key, _ in again] == [(NAMES.llm_requests, PATH.encode())]
         assert orjson.loads(again[0][2]) == first
         assert b"after the request" not in again[0][2]
@@ -378,7 +379,7 @@ def test_a_journaled_settlement_notifies_the_caller_and_recovery_publishes_nothi
         await h.settle()
         # Once the settlement is journaled the caller is told, so a re-read call record is dropped.
         assert llm_requests(h)[1] == {"kind": "settled", "streamPath": PATH, "requestOffset": 3}
-        assert restarted(h).resume_open_work() == []
+        assert restarted(h).republish_open_work() == []
 
     run(scenario())
 
@@ -397,7 +398,7 @@ def test_recovery_publishes_the_cancel_of_an_interrupted_open_request_after_its_
         await h.handle(h.command(interrupt))
         await h.settle()
         assert [r["kind"] for r in llm_requests(h)] == ["call", "cancel"]
-        again = [orjson.loads(value) for _, _, value in restarted(h).resume_open_work()]
+        again = [orjson.loads(value) for _, _, value in restarted(h).republish_open_work()]
         assert [r["kind"] for r in again] == ["call", "cancel"]
         assert again[1] == {
             "kind": "cancel",
@@ -431,7 +432,7 @@ def test_recovery_publishes_a_pending_compaction_with_the_messages_of_its_reques
         await h.settle()
         live = [r for r in llm_requests(h) if r["kind"] == "compact"]
         assert len(live) == 1 and live[0]["messages"] == call["messages"]
-        again = [orjson.loads(value) for _, _, value in restarted(h).resume_open_work()]
+        again = [orjson.loads(value) for _, _, value in restarted(h).republish_open_work()]
         assert again == live  # the same record, rendered from the rows
 
     run(scenario())

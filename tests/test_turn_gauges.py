@@ -44,8 +44,8 @@ async def turn_gauges() -> None:
     owned = {0: engine}
     metrics.count_turns(owned)
     assert gauges() == (1, 1)
-    engine.resume_open_work()  # a recovery counts from the rows: again, not on top
-    engine.resume_open_work()
+    engine.wake_streams_with_work()  # a recovery counts from the rows: again, not on top
+    engine.wake_streams_with_work()
     assert gauges() == (1, 1)
     other = await a_partition_with_an_open_request_and_a_pause()
     owned[1] = other

@@ -557,7 +557,7 @@ class PartitionEngine:
         """A redelivered, already journaled command: its command position was not recorded as
         done, so its result may never have reached Kafka (the worker died first). Publish it
         again for a client still waiting. (What an open request needs, its call record, a cancel
-        or a compaction, is published again by `resume_open_work` when the partition recovers.)"""
+        or a compaction, is published again by `republish_open_work` after recovery.)"""
         if append.appendId is None:
             return
         found = self.read(rows.append_id_key(append.streamPath, append.appendId))
@@ -746,16 +746,9 @@ class PartitionEngine:
                 self.wake(path, decision.wake_at_ms)
         return commands
 
-    def resume_open_work(self) -> list[tuple[str, bytes, bytes]]:
+    def wake_streams_with_work(self) -> None:
         """After recovery (a restart or a rebalance): wake every stream with a pending trigger or an
-        open request, count the gauges, and return what open work still needs published.
-
-        The worker may have died after journaling a request, an interrupt or a usage report but
-        before its follow-up reached `llm-requests`. So every open request's call record goes out
-        again (rendered exactly as first sent), with a cancel if it was interrupted, and every
-        compaction not yet applied. Repeats are harmless: the caller skips a request or report it
-        has handled, and its outcomes carry idempotency keys derived from R."""
-        records: list[tuple[str, bytes, bytes]] = []
+        open request, and count the gauges from the rows."""
         self.open_requests = self.paused_agents = 0
         for _, value in self.table.scan(rows.META + rows.SEP):
             meta = row_codec.decode_meta_row(value)
@@ -763,8 +756,23 @@ class PartitionEngine:
             self.paused_agents += meta.paused
             if meta.pending is not None or meta.open is not None:
                 self.wake(meta.path, 0)
+
+    def republish_open_work(self) -> list[tuple[str, bytes, bytes]]:
+        """What open requests still need published, once the partition has read the commands that
+        were waiting when it was recovered (the worker calls it then).
+
+        The worker may have died after journaling a request, an interrupt or a usage report but
+        before its follow-up reached `llm-requests`. So every open request's call record goes out
+        again (rendered exactly as first sent), with a cancel if it was interrupted, and every
+        compaction not yet applied. Waiting for the commands first matters: a settlement the caller
+        appended while no worker ran is among them, and a call record republished before it is
+        journaled would have the caller answer R twice. Repeats that remain are harmless: the caller
+        skips what it has handled, and its outcomes carry idempotency keys derived from R."""
+        records: list[tuple[str, bytes, bytes]] = []
+        for _, value in self.table.scan(rows.META + rows.SEP):
+            meta = row_codec.decode_meta_row(value)
             if meta.open is not None or meta.over_threshold is not None:
-                records.extend(self._open_work(self.entry(meta.path)))
+                records.extend(self._open_work(self.entry(meta.path)))  # the current state decides
         return records
 
     def _open_work(self, entry: StreamEntry) -> list[tuple[str, bytes, bytes]]:

@@ -273,14 +273,38 @@ def build_app(settings: Settings) -> faust.App:
             position,
             time.monotonic() - started,
         )
-        # What open requests still need (call records, cancels, compactions): the worker may have
-        # died before publishing it. Delivered before new commands are read, like the results.
-        for topic, key, value in engine.resume_open_work():
-            producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
-        await producer.drain()
+        engine.wake_streams_with_work()
         engine.caught_up = True
 
+    async def command_ends(partition: int) -> dict[bool, int]:
+        """The end offsets of both command topics' partition p now: what was waiting at recovery."""
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
+        )
+        await consumer.start()
+        try:
+            appends = TopicPartition(names.appends, partition)
+            internal = TopicPartition(names.internal_appends, partition)
+            ends = await consumer.end_offsets([appends, internal])
+            return {False: ends[appends], True: ends[internal]}
+        finally:
+            await consumer.stop()
+
+    async def republish_open_work(engine: PartitionEngine, ends: dict[bool, int]) -> None:
+        """Once the commands that waited at recovery are done, publish again what open requests
+        still need (`PartitionEngine.republish_open_work`)."""
+        done = engine.positions.done
+        while engine.active and not (done[False] >= ends[False] - 1 and done[True] >= ends[True] - 1):
+            await asyncio.sleep(0.05)
+        if not engine.active:
+            return  # revoked: the next owner does it
+        records = engine.republish_open_work()
+        for topic, key, value in records:
+            producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
+        log.info("partition %d: published again %d records open requests need", engine.partition, len(records))
+
     starting: set[int] = set()
+    background: set[asyncio.Task[None]] = set()
 
     def owned_now() -> set[int]:
         return {tp.partition for tp in app.consumer.assignment() if tp.topic == names.journal_owners}
@@ -294,9 +318,15 @@ def build_app(settings: Settings) -> faust.App:
             starting.add(partition)
             try:
                 engine = new_engine(partition)
+                ends = await command_ends(partition)
                 await recover(engine)
                 if partition in owned_now():  # not revoked meanwhile by another rebalance
                     reader.own(engine)
+                    task = asyncio.get_running_loop().create_task(
+                        republish_open_work(engine, ends), name=f"republish-open-work-{partition}"
+                    )
+                    background.add(task)  # a reference until it ends: the loop keeps only weak ones
+                    task.add_done_callback(background.discard)
             except Exception as error:
                 crash(error)
             finally:
