@@ -599,13 +599,22 @@ def test_a_settled_notice_stops_the_call_for_r_and_nothing_is_appended(kit: tupl
     is stopped (the server sees the disconnect), a waiting one is never made; neither appends."""
     stack, llm = kit
     running, waiting = new_path(), new_path()
-    llm.push(Hang(partial="half an answer"), Hang())
+    table = {"running": Hang(partial="half an answer"), "blocker": Hang()}  # whichever arrives first
+    llm.push(by_tag(table), by_tag(table))
     produce(stack, call(running, 30, "running"), call(waiting, 40, "blocker"))
-    llm.wait_for(lambda rs: len(rs) == 2 and rs[0].chunks_sent >= 1, timeout=15)
-    produce(stack, call(waiting, 41, "waiting"), settled_notice(waiting, 41), settled_notice(running, 30))
-    gone = llm.wait_for_disconnect(timeout=10, index=0)
+    llm.wait_for(lambda rs: len(rs) == 2 and requests_for(llm, "running")[0].chunks_sent >= 1, timeout=15)
+    index = llm.records.index(requests_for(llm, "running")[0])
+    # The cancel ends the blocker (only its own settlement goes out); sent at once, behind the notice
+    # on the same stream, so the blocker never reaches the shared caller's 3 s timeout meanwhile.
+    produce(
+        stack,
+        call(waiting, 41, "waiting"),
+        settled_notice(waiting, 41),
+        settled_notice(running, 30),
+        cancel(waiting, 40),
+    )
+    gone = llm.wait_for_disconnect(timeout=10, index=index)
     assert gone.disconnected and not gone.completed
-    produce(stack, cancel(waiting, 40))  # ends the blocker: only its own settlement goes out
     wait_appends(stack, waiting, 1)
     time.sleep(1.0)
     assert shape(appends(stack, waiting)) == [("settled", "agent/request/40/settled")]

@@ -86,6 +86,7 @@ class LlmCaller:
         self.calls = StreamQueues(self._start_call, self._settle, self._fail)
         self.compactions = StreamQueues(self._start_compaction, self._settle, self._fail)
         self._paused = False
+        self._background: set[asyncio.Task[None]] = set()  # read-aheads (strong references)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._force: asyncio.Event | None = None
@@ -264,6 +265,8 @@ class LlmCaller:
         if waiting is not None:
             self.commits.finished(waiting.tp, waiting.offset)
             log.info("call %s @%d: already settled in the journal, not called", path, request)
+        else:
+            self.calls.handled.bump(path, request)  # a call record for R read later is stale
 
     def _cancel(self, record: CancelRequest) -> None:
         path, request = record.streamPath, record.requestOffset
@@ -301,7 +304,72 @@ class LlmCaller:
                 last_receipts = time.monotonic()
                 self._outcomes.check_receipts()
 
+    async def _read_ahead_then_resume(self, assigned: set[TopicPartition]) -> None:
+        try:
+            await self._read_settled_ahead(assigned)
+        finally:
+            if self._consumer is not None:
+                still = assigned & self._consumer.assignment()
+                if still:
+                    self._consumer.resume(*still)
+
+    async def _read_settled_ahead(self, assigned: set[TopicPartition]) -> None:
+        """Before reading newly assigned partitions from their committed offsets: note every R the
+        records after that point say is settled, so their calls are skipped instead of answered
+        again (a previous owner answered them but died before committing). The notices come
+        after the calls in the partition, possibly far behind a backlog; read ahead, they take
+        effect first. Best effort: on failure the notices still act when reached."""
+        if not assigned or self._consumer is None:
+            return
+        started = time.monotonic()
+        # The group's committed offsets are read through this reader (manual assignment with the
+        # group id stores and reads offsets without joining); asking the member consumer from
+        # inside its rebalance callback stalled its fetching.
+        reader = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            group_id=self.settings.caller_group,
+            enable_auto_commit=False,
+            **self.settings.aiokafka_config(),
+        )
+        settled = 0
+        try:
+            await reader.start()
+            ends = await reader.end_offsets(list(assigned))
+            starts = {tp: await reader.committed(tp) for tp in assigned}
+            todo = {tp for tp in assigned if (starts[tp] or 0) < ends[tp]}
+            if not todo:
+                return
+            reader.assign(list(todo))
+            for tp in todo:
+                reader.seek(tp, starts[tp] or 0)
+            while todo:
+                batches = await reader.getmany(timeout_ms=1000, max_records=5000)
+                if not batches:
+                    break
+                for tp, messages in batches.items():
+                    for message in messages:
+                        if b'"settled"' in (message.value or b""):  # cheap filter before validating
+                            record = _records.validate_json(message.value)
+                            if isinstance(record, SettledNotice):
+                                self.calls.handled.bump(record.streamPath, record.requestOffset)
+                                settled += 1
+                    if messages and messages[-1].offset + 1 >= ends[tp]:
+                        todo.discard(tp)
+                        reader.pause(tp)
+        except Exception as error:  # the notices still act when the consumer reaches them
+            log.warning("reading settled notices ahead failed: %s", error)
+        finally:
+            await reader.stop()
+        log.info("read ahead: %d requests already settled (%.2fs)", settled, time.monotonic() - started)
+
     def _assigned(self, assigned: set[TopicPartition]) -> None:
+        if assigned and self._consumer is not None:
+            # Held until the settled notices ahead are read (outside the rebalance callback: a
+            # network call inside it stalled this consumer's fetching).
+            self._consumer.pause(*assigned)
+            task = asyncio.get_running_loop().create_task(self._read_ahead_then_resume(assigned))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         self.commits.assigned(assigned)
         self._paused = False
         log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "no partitions")
