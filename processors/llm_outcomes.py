@@ -27,6 +27,7 @@ from processors.idempotency_keys import (
     settled_key,
     usage_key,
 )
+from processors.render import provider_role
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED, STREAM_ERROR_OCCURRED, TOKEN_USAGE_REPORTED
 from schemas.requests import COMPACTION_INSTRUCTION, Message, Transport
 
@@ -149,7 +150,7 @@ def provider_messages(messages: list[Message]) -> list[dict[str, str]]:
 def compaction_messages(messages: list[Message], transport: Transport) -> list[dict[str, str]]:
     """Request R's messages exactly, plus the trailing summary instruction (docs/behaviour.md §4.5), whose
     `developer` role becomes `system` on an openai-compatible transport (§3.2)."""
-    role = "developer" if transport == "openai" else "system"
+    role = provider_role("developer", transport)
     return [*provider_messages(messages), {"role": role, "content": COMPACTION_INSTRUCTION}]
 
 
@@ -265,7 +266,7 @@ def _summary_call(messages: list[Message], transport: Transport, lead: int, drop
     low, high = (min(offsets), max(offsets)) if offsets else (None, None)
     where = f" (@{low} to @{high})" if offsets else ""
     notice = Message(
-        role="developer" if transport == "openai" else "system",
+        role=provider_role("developer", transport),
         content=f"[{dropped} older messages{where} are left out here: with them the request exceeds the "
         "model's context window.]",
     )

@@ -31,7 +31,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
-from pipeline import metrics
+from pipeline import exit_codes, metrics
 from pipeline.caller.calls import Calls, Result
 from pipeline.caller.commits import CallerFatal, Commits
 from pipeline.caller.outcomes import OutcomeWriter
@@ -45,9 +45,6 @@ from topics.names import topic_names
 log = logging.getLogger("agentstream.caller")
 
 _records: TypeAdapter[Any] = TypeAdapter(LlmRequestRecord)
-
-EXIT_FATAL = 70
-EXIT_KAFKA = 3  # as the CLI's
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -443,7 +440,7 @@ def run(settings: Settings, **options: Any) -> None:
     except AppendError as error:  # the topics are missing or Kafka is unreachable at startup
         log.error("LLM caller cannot start: %s", error)
         logging.shutdown()
-        raise SystemExit(EXIT_KAFKA) from None
+        raise SystemExit(exit_codes.KAFKA) from None
     except CallerFatal:
         logging.shutdown()
-        raise SystemExit(EXIT_FATAL) from None
+        raise SystemExit(exit_codes.FATAL) from None
