@@ -111,7 +111,9 @@ def unanswered(events: dict[str, list[Any]], paths: list[str]) -> list[str]:
     return waiting
 
 
-def test_sigkills_of_worker_and_caller_settle_every_request_exactly_once(stack: Stack, tmp_path: Path) -> None:
+def test_4_3_sigkills_of_worker_and_caller_settle_every_request_exactly_once_and_never_answer_twice(
+    stack: Stack, tmp_path: Path
+) -> None:
     rng = random.Random(SEED)
     client = stack.client
     stack.start_worker()
