@@ -6,17 +6,19 @@
 
 First, the LLM caller's CPU per provider call with a 20-message request (a rendered request's
 shape), measured in a separate process against a local instant server: the caller's path
-(`pipeline/caller/provider.py`, the openai client's `post` with the body rendered once) against
-`chat.completions.create` with the same request, alternating in blocks in the same run, with the
-ratio. Then it starts an isolated topic set, the journal worker, the LLM caller and the scripted
-OpenAI-compatible server answering instantly; creates N agents; then, per round, sends one user
+(`pipeline/caller/provider.py`, the openai client's `post` on its aiohttp transport with the body
+rendered once) against `chat.completions.create` with the same request (the caller before: the
+default httpx transport; and on aiohttp, to separate the transport's share), alternating in blocks
+in the same run, with the ratios. Then it starts an isolated topic set, the journal worker, the LLM
+caller and the scripted OpenAI-compatible server answering instantly; creates N agents; then, per round, sends one user
 message to every agent at once and waits until every turn is settled; then one more message per
 agent, paced at half the best round's rate. Reports:
 - complete turns/s across all agents (first append of the round to the last settlement);
 - scheduling overhead: user message journaled -> request published on llm-requests, minus the
   debounce, in the bursts and at half the max rate (target there: p99 <= 30 ms over the debounce);
 - turn overhead: user message journaled -> answer journaled (settlement), model time ~0.
-- the caller process's CPU per turn during the rounds (Linux /proc).
+- CPU per turn during the rounds of each process on the path: caller, journal worker, model
+  server, broker, this bench (Linux /proc), to show where the machine's cores go.
 Times are Kafka record timestamps on this one machine. Needs the local broker (not `--cpu-only`).
 """
 
@@ -115,6 +117,14 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def broker_pid() -> int | None:
+    """The local broker's pid (scripts/kafka/start.sh writes it), if it runs here."""
+    try:
+        return int((Path(__file__).resolve().parent.parent / ".local/kafka/kafka.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def rendered_request(messages: int = 20) -> list[Message]:
     """A request as the journal worker renders one (openai-compatible transport): the protocol,
     the system prompt, a history of user and assistant items with header lines, the timestamp."""
@@ -136,7 +146,7 @@ def rendered_request(messages: int = 20) -> list[Message]:
 
 async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
     """ms of this process's CPU per call, per block, for the caller's `post` path and for `create`."""
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, DefaultAioHttpClient
 
     from pipeline.caller.provider import Provider
     from pipeline.settings import Settings
@@ -144,6 +154,13 @@ async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
     settings = Settings.from_env({}, openai_base_url=url, openai_api_key="bench", llm_max_tokens=64)
     provider = Provider(settings)
     sdk = AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=settings.llm_timeout_s)
+    sdk_aiohttp = AsyncOpenAI(
+        base_url=url,
+        api_key="bench",
+        max_retries=0,
+        timeout=settings.llm_timeout_s,
+        http_client=DefaultAioHttpClient(),
+    )
     record = rendered_request()
 
     async def post() -> None:  # what the caller does per call, rendering of the provider messages included
@@ -160,7 +177,18 @@ async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
         async for _ in stream:
             pass
 
-    ways = {"post": post, "create": create}
+    async def create_aiohttp() -> None:  # `create` on the caller's transport: what the body path alone saves
+        stream = await sdk_aiohttp.chat.completions.create(
+            model="instant",
+            messages=llm_outcomes.provider_messages(record),  # type: ignore[arg-type]
+            max_tokens=64,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for _ in stream:
+            pass
+
+    ways = {"post": post, "create": create, "create_aiohttp": create_aiohttp}
     for way in ways.values():  # warm up connections and caches
         for _ in range(20):
             await way()
@@ -173,26 +201,30 @@ async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
             blocks[name].append((time.process_time() - started) * 1000 / CPU_BLOCK)
     await provider.close()
     await sdk.close()
+    await sdk_aiohttp.close()
     return blocks
 
 
-def measure_cpu(url: str, calls: int) -> tuple[float, float]:
-    """Median ms of CPU per call (post, create), measured in a fresh process (nothing else in it)."""
+def measure_cpu(url: str, calls: int) -> tuple[float, float, float]:
+    """Median ms of CPU per call (post, create, create on aiohttp), measured in a fresh process
+    (nothing else in it)."""
     probe = subprocess.run(
         [sys.executable, __file__, "--cpu-probe", url, "--cpu-calls", str(calls)],
         capture_output=True,
         check=True,
     )
     blocks = orjson.loads(probe.stdout)
-    return statistics.median(blocks["post"]), statistics.median(blocks["create"])
+    return tuple(statistics.median(blocks[way]) for way in ("post", "create", "create_aiohttp"))  # type: ignore[return-value]
 
 
 def report_cpu(url: str, calls: int) -> None:
-    post, create = measure_cpu(url, calls)
+    post, create, create_aiohttp = measure_cpu(url, calls)
     print(f"{'figure':<52} {'value':>12} {'target':>14}")
     print(f"{'caller CPU per call, post (ms, 20 messages)':<52} {post:>12.2f} {'<= 1.5':>14}")
     print(f"{'caller CPU per call, create (ms, same run)':<52} {create:>12.2f}")
     print(f"{'create / post':<52} {create / post:>11.1f}x {'>= 4x':>14}")
+    print(f"{'caller CPU per call, create on aiohttp (ms)':<52} {create_aiohttp:>12.2f}")
+    print(f"{'create on aiohttp / post (the body path alone)':<52} {create_aiohttp / post:>11.1f}x")
     print(f"(median of blocks of {CPU_BLOCK} calls, {calls} calls each way, alternating; instant scripted model)")
     print(flush=True)
 
@@ -239,8 +271,15 @@ def main() -> None:
         agents = [client.agents.create() for _ in range(args.agents)]
         client.flush()
         follower = SettlementFollower(stack.client.topics.journal, args.partitions)
-        assert stack.caller is not None
-        caller_cpu_before = process_cpu_s(stack.caller.pid)
+        assert stack.caller is not None and stack.worker is not None
+        processes = {
+            "LLM caller": stack.caller.pid,
+            "journal worker": stack.worker.pid,
+            "scripted model server": server.pid,
+            "Kafka broker": broker_pid(),
+            "this bench (load, follower)": os.getpid(),
+        }
+        cpu_before = {name: process_cpu_s(pid) for name, pid in processes.items() if pid}
         turn_rates = []
         for round_number in range(1, args.rounds + 1):
             started = time.monotonic()
@@ -267,7 +306,7 @@ def main() -> None:
             turn_rates.append(args.agents / elapsed)
             print(f"round {round_number}: {args.agents} turns in {elapsed:.2f}s = {args.agents / elapsed:,.0f} turns/s")
 
-        caller_cpu_after = process_cpu_s(stack.caller.pid)
+        cpu_after = {name: process_cpu_s(pid) for name, pid in processes.items() if pid}
         # Paced: every agent gets one more message, spread evenly at half the best burst rate, so the
         # scheduling overhead is measured under a sustainable load (the issue's target), not a burst.
         paced_rate = max(turn_rates) / 2
@@ -336,9 +375,11 @@ def main() -> None:
         ):
             p = 99 if "p99" in name else 50
             print(f"{name:<52} {percentile(values, p):>12,.0f} {target:>14}")
-        if caller_cpu_before is not None and caller_cpu_after is not None:
-            per_turn = (caller_cpu_after - caller_cpu_before) * 1000 / (args.agents * args.rounds)
-            print(f"{'LLM caller process CPU per turn (ms, during rounds)':<52} {per_turn:>12.2f}")
+        turns = args.agents * args.rounds
+        for name, before in cpu_before.items():
+            after = cpu_after.get(name)
+            if before is not None and after is not None:
+                print(f"{'CPU per turn during rounds (ms): ' + name:<52} {(after - before) * 1000 / turns:>12.2f}")
         print(
             f"(samples: {len(scheduling)} burst and {len(paced_scheduling)} paced requests; debounce {DEBOUNCE_MS} ms; "
             "instant scripted model)"

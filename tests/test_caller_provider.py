@@ -8,6 +8,7 @@ it to what `chat.completions.create` would have sent, header for header and fiel
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ from tests.support.scripted_llm import Drop, Fail, Garbage, Hang, Reply, Scripte
 
 API_KEY = "sk-proj-Provider0123456789abcdefXYZ"
 TIMEOUT_S = 2.0
+# The same words whichever HTTP transport noticed the hang-up (the aiohttp one calls it a timeout).
+HUNG_UP = "connection to the provider failed: the provider closed the connection before the response was complete"
 MAX_TOKENS = 64
 
 # One message of every role the journal worker renders, non-ASCII text and an attached file.
@@ -217,8 +220,10 @@ async def failure(provider: Provider, stream: bool) -> str:
         (Reply(" ", usage=None), False, "the provider returned an empty response"),
         (Hang(partial="never finished"), True, f"no complete response from the provider within {TIMEOUT_S:g}s"),
         (Hang(), False, f"no complete response from the provider within {TIMEOUT_S:g}s"),
-        (Drop(partial="cut"), True, "connection to the provider failed: peer closed connection"),
-        (Drop(), False, "connection to the provider failed: "),
+        (Drop(partial="cut"), True, HUNG_UP),
+        (Drop(partial="cut"), False, HUNG_UP),
+        (Drop(), True, HUNG_UP),
+        (Drop(), False, HUNG_UP),
         (
             Fail(401, echo_headers=("authorization",)),
             True,
@@ -234,6 +239,28 @@ def test_each_failure_is_described_in_one_scrubbed_line(
     text = run(llm, lambda p: failure(p, stream))
     assert text.startswith(expected), text
     assert "\n" not in text and API_KEY not in text
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_refused_connection_is_a_connection_failure_not_a_timeout(stream: bool) -> None:
+    """§4.3: nothing listens on the provider's port; the error says so at once (the aiohttp
+    transport reports it as a connect timeout, which would blame a slow provider)."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    async def main() -> str:
+        provider = Provider(
+            Settings.from_env({}, openai_base_url=f"http://127.0.0.1:{port}/v1", openai_api_key=API_KEY)
+        )
+        try:
+            return await failure(provider, stream)
+        finally:
+            await provider.close()
+
+    text = asyncio.run(main())
+    assert text.startswith(f"connection to the provider failed: Cannot connect to host 127.0.0.1:{port}"), text
+    assert "within" not in text
 
 
 def test_an_answer_without_text_is_an_invalid_response(llm: ScriptedLLM) -> None:

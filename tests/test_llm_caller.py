@@ -515,7 +515,7 @@ def test_provider_failures_settle_failed_with_an_error_event(kit: tuple[Stack, S
             3,
             f"no complete response from the provider within {TIMEOUT_S:g}s",
         ),
-        new_path(): (Drop(partial="cut"), 2, "connection to the provider failed: peer closed connection"),
+        new_path(): (Drop(partial="cut"), 2, "connection to the provider failed: the provider closed the connection"),
     }
     llm.push(*[by_tag({path: response for path, (response, _, _) in cases.items()})] * len(cases))
     produce(stack, *(call(path, 12, path, attempt=attempt, maxAttempts=3) for path, (_, attempt, _) in cases.items()))
