@@ -43,7 +43,7 @@ from pipeline.base_policy import TEXT as SYSTEM_PROMPT
 from pipeline.client import consume_ready, watermarks
 from processors import llm_outcomes
 from processors.render import CONTEXT_PROTOCOL
-from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
+from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
 from schemas.requests import Message
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
 
@@ -330,6 +330,7 @@ def main() -> None:
         requests = read_all(stack.client.topics.llm_requests)
         user_at: dict[tuple[str, int], int] = {}
         settled_at: dict[tuple[str, int], int] = {}
+        request_journaled_at: dict[tuple[str, int], int] = {}
         request_trigger: dict[tuple[str, int], int] = {}
         for key, value, ts in journal:
             event = orjson.loads(value)
@@ -338,6 +339,8 @@ def main() -> None:
                 user_at[(path, event["offset"])] = ts
             elif event["type"] == LLM_REQUEST_SETTLED:
                 settled_at[(path, event["payload"]["requestOffset"])] = ts
+            elif event["type"] == LLM_REQUEST_REQUESTED:
+                request_journaled_at[(path, event["offset"])] = ts
         published_at: dict[tuple[str, int], int] = {}
         for key, value, ts in requests:
             record = orjson.loads(value)
@@ -357,6 +360,15 @@ def main() -> None:
         def turn_of(triggers: dict[tuple[str, int], int]) -> list[float]:
             return [settled_at[k] - user_at[(k[0], t)] for k, t in triggers.items() if k in settled_at]
 
+        def hops_of(triggers: dict[tuple[str, int], int]) -> dict[str, list[float]]:
+            """The scheduling path hop by hop: debounce over -> request journaled -> call record out."""
+            hops: dict[str, list[float]] = {"due -> request journaled": [], "journaled -> call record": []}
+            for k, t in triggers.items():
+                if k in request_journaled_at:
+                    hops["due -> request journaled"].append(request_journaled_at[k] - user_at[(k[0], t)] - DEBOUNCE_MS)
+                    hops["journaled -> call record"].append(published_at[k] - request_journaled_at[k])
+            return hops
+
         scheduling, turn = scheduling_of(burst), turn_of(burst)
         paced_scheduling, paced_turn = scheduling_of(paced), turn_of(paced)
         print()
@@ -375,6 +387,10 @@ def main() -> None:
         ):
             p = 99 if "p99" in name else 50
             print(f"{name:<52} {percentile(values, p):>12,.0f} {target:>14}")
+        for hop, values in hops_of(paced).items():
+            if values:
+                name = f"half max: {hop} p50 / p99 (ms)"
+                print(f"{name:<52} {percentile(values, 50):>5,.0f} / {percentile(values, 99):<4,.0f}")
         turns = args.agents * args.rounds
         for name, before in cpu_before.items():
             after = cpu_after.get(name)

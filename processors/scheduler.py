@@ -1,8 +1,9 @@
 """Turn scheduling decisions (docs/behaviour.md §4.2, §4.3): pure functions of (state, now).
 
-`decide` says which command the scheduler should append now, if any, and when to look again.
-The journal processor turns a decision into an append command (through agent-appends, like every
-other producer), so the journal stays the only record of what happened.
+`decide` says which events the scheduler should append now, if any, and when to look again. The
+journal processor journals a decision's appends like any command, so the journal stays the only
+record of what happened: at once, or, for a decision that must not overtake commands other workers
+already produced (`after_commands`), behind them through the internal command topic.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from schemas.events import (
 class Decision:
     appends: tuple[Append, ...] = ()
     wake_at_ms: int | None = None  # look again at this time (a debounce or an expiry is due)
+    # Journal the appends only after every command already produced: an expiry must not overtake
+    # a settlement the LLM caller produced just before it (docs/behaviour.md §4.3).
+    after_commands: bool = False
 
 
 IDLE = Decision()
@@ -61,7 +65,8 @@ def decide(state: AgentState, now_ms: int, default_model: str) -> Decision:
                         {"message": f"LLM request @{r} expired before it was answered; it was cancelled."},
                         keys.expiry_error_key(r),
                     ),
-                )
+                ),
+                after_commands=True,
             )
         return Decision(wake_at_ms=open_request.expiresAt)
     pending = state.pending

@@ -19,13 +19,22 @@ import pytest
 from pipeline.journal.engine import (
     H_REASON,
     H_SOURCE_OFFSET,
+    H_SOURCE_TOPIC,
+    SCHEDULER,
     CommandPositions,
     CommandRecord,
     PartitionEngine,
     changelog_order,
 )
 from processors import rows
-from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED
+from schemas.events import (
+    AGENT_CREATED,
+    CONTEXT_ADDED,
+    LLM_REQUEST_REQUESTED,
+    LLM_REQUEST_SETTLED,
+    STREAM_ERROR_OCCURRED,
+    TOKEN_USAGE_REPORTED,
+)
 from topics.names import topic_names
 
 NAMES = topic_names("t-")
@@ -530,5 +539,74 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
             await restored.flush()
             again = {k: v for k, v in restored.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
             assert again == full, f"prefix of {n} of {len(burst)} rows: {sorted(set(again) ^ set(full))[:5]}"
+
+    run(scenario())
+
+
+# --- the scheduler's decisions --------------------------------------------------------------------
+
+
+def test_a_due_request_is_journaled_at_once_and_its_call_record_follows() -> None:
+    """§4.2: the scheduler's request is journaled in the tick that finds it due (no command-topic
+    round trip), marked as the scheduler's, without touching the command positions or the
+    stream's source offsets; the call record goes out once the journal acknowledges it."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
+        await h.handle(h.command(user("hello")))
+        await h.settle()
+        positions = dict(h.engine.positions.done)
+        sources = h.engine.entry(PATH).sources
+        assert h.engine.schedule(h.engine.clock_ms() + 10**6) == []  # nothing goes to the command topic
+        (requested,) = [r for r in h.kafka.on(NAMES.journal) if orjson.loads(r.value)["type"] == LLM_REQUEST_REQUESTED]
+        assert requested.headers == {H_SOURCE_TOPIC: SCHEDULER}
+        assert llm_requests(h) == []  # not before the journal has it
+        await h.settle()
+        (call,) = llm_requests(h)
+        assert call["kind"] == "call" and call["requestOffset"] == orjson.loads(requested.value)["offset"]
+        assert h.engine.positions.done == positions and h.engine.entry(PATH).sources == sources
+        assert not h.fatal
+
+    run(scenario())
+
+
+def test_an_expiry_goes_behind_the_commands_already_produced() -> None:
+    """§4.3: an expired request's settlement is not journaled by the tick: it is returned as
+    commands for the internal topic, so a settlement the caller produced before it wins."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}), h.command(user("hi")))
+        await h.handle(h.command(request("r/1"), internal=True))
+        await h.settle()
+        journaled = len(h.kafka.on(NAMES.journal))
+        commands = h.engine.schedule(2**41)  # past the request's expiresAt
+        assert [c["type"] for _, c in commands] == [LLM_REQUEST_SETTLED, STREAM_ERROR_OCCURRED]
+        assert len(h.kafka.on(NAMES.journal)) == journaled
+        assert h.engine.schedule(2**41) == []  # sent: not again before RESEND_AFTER_MS
+
+    run(scenario())
+
+
+def test_recovery_refolds_scheduled_events_to_the_live_rows() -> None:
+    """Catch-up (and replay) re-fold the scheduler's journaled events to the rows live wrote:
+    no source offset is advanced by them."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
+        await h.handle(h.command(user("hello")))
+        await h.settle()
+        h.engine.schedule(h.engine.clock_ms() + 10**6)
+        await h.settle()
+        live = {k: v for k, v in h.table.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+        journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
+        fresh = DictRows()
+        engine = PartitionEngine(0, fresh, NAMES, h.kafka.send, max_cached_streams=100)
+        engine.catch_up(journal, [])
+        await fresh.flush()
+        again = {k: v for k, v in fresh.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+        assert again == live, sorted(set(again) ^ set(live))[:5]
 
     run(scenario())

@@ -35,6 +35,7 @@ def test_4_2_request_waits_for_the_debounce_then_names_the_trigger() -> None:
     assert kind == ev.LLM_REQUEST_REQUESTED
     assert key == f"agent/request/{hi}"
     assert payload == {"model": DEFAULT_MODEL, "expiresAt": at + 600_000}
+    assert not decide(state, at + 250, DEFAULT_MODEL).after_commands  # journaled in the tick that finds it due
 
 
 def test_4_2_debounce_counts_from_the_first_uncovered_trigger() -> None:
@@ -84,7 +85,9 @@ def test_4_2_one_open_request_at_a_time_and_expiry_cancels_it() -> None:
     state = j.fold()
     waiting = decide(state, j.at_ms(hi) + 999, DEFAULT_MODEL)
     assert waiting.appends == () and waiting.wake_at_ms == j.at_ms(hi) + 1000
-    expired = decide(state, j.at_ms(hi) + 1000, DEFAULT_MODEL).appends
+    expiry = decide(state, j.at_ms(hi) + 1000, DEFAULT_MODEL)
+    assert expiry.after_commands  # behind a settlement the caller may have produced already
+    expired = expiry.appends
     assert [a.type for a in expired] == [ev.LLM_REQUEST_SETTLED, ev.STREAM_ERROR_OCCURRED]
     assert expired[0].payload == {"requestOffset": r, "result": {"status": "cancelled", "reason": "expired"}}
     assert f"@{r}" in expired[1].payload["message"]

@@ -1,8 +1,8 @@
 """What the scheduler must NOT do (docs/behaviour.md §4.2, §4.3), on a `PartitionEngine` with a fake
 clock: no sleeping, the clock jumps far past every deadline and the engine is asked what is due.
 
-The engine runs as in the worker: its scheduler commands (`due_commands`) go back in through the
-internal command topic, and the test plays the LLM caller by appending settlements. The broker
+The engine runs as in the worker: its scheduler journals what it decides (`schedule`; an expiry goes
+back in through the internal command topic), and the test plays the LLM caller by appending settlements. The broker
 tests (tests/test_turns_kafka.py) keep one end-to-end check of each behaviour, waiting for what
 does happen.
 """
@@ -39,13 +39,15 @@ class Turns:
         await self.append(SYSTEM, {"type": ev.AGENT_CREATED, "payload": {}}, configured(**config), first)
 
     async def tick(self, at_ms: int) -> list[dict[str, Any]]:
-        """Move the clock to `at_ms` and journal whatever the scheduler appends then (as the worker's
-        timer does, through the internal topic); returns those commands."""
+        """Move the clock to `at_ms` and journal whatever the scheduler appends then, as the worker's
+        timer does (at once, or an expiry through the internal topic); returns those events."""
         self.now_ms = at_ms
-        commands = [command for _, command in self.h.engine.due_commands(at_ms)]
+        before = len(self.events())
+        commands = [command for _, command in self.h.engine.schedule(at_ms)]
         if commands:
             await self.append(*commands, internal=True)
-        return commands
+        await self.h.settle()
+        return self.events()[before:]
 
     def events(self) -> list[dict[str, Any]]:
         return [orjson.loads(record.value) for record in self.h.kafka.on(NAMES.journal)]

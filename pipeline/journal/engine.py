@@ -70,12 +70,15 @@ log = logging.getLogger("agentstream.journal")
 # Kafka record headers carried by journal records (and DLQ records).
 H_APPEND_ID = "append-id"
 H_SOURCE_OFFSET = "source-offset"
-H_SOURCE_TOPIC = "source-topic"  # on journal records: "internal" for agent-internal-appends, absent otherwise
+# On journal records: "internal" for agent-internal-appends, "scheduler" for the scheduler's
+# decisions journaled at once (no command topic, no source offset), absent for agent-appends.
+H_SOURCE_TOPIC = "source-topic"
 INTERNAL = b"internal"
+SCHEDULER = b"scheduler"
 H_REASON = "reason"
 
-# A scheduler command not journaled within this time is sent again (its idempotency key makes a
-# duplicate harmless).
+# A scheduler decision not journaled within this time is decided again (its idempotency key makes
+# a duplicate harmless).
 RESEND_AFTER_MS = 5_000
 
 
@@ -132,6 +135,8 @@ class CommandRecord:
     value: bytes
     headers: dict[str, bytes]
     internal: bool = False  # read from agent-internal-appends (only the workers produce there)
+    # A scheduler decision journaled at once: read from no topic, so no source offset to record.
+    scheduled: bool = False
 
 
 @dataclass(slots=True)
@@ -284,7 +289,9 @@ class PartitionEngine:
         self.overlay: dict[bytes, bytes | None] = {}  # rows decided but not yet stored
         self.overlay_owner: dict[bytes, InFlightCommand] = {}
         self.queue: deque[InFlightCommand] = deque()
-        self.caught_up = False
+        # Set by the worker once recovery's command backlog is read: scheduler decisions are
+        # journaled at once and must not overtake it.
+        self.scheduling = False
         self.fatal = fatal
         self._drain_lock = asyncio.Lock()
         self._drain_task: asyncio.Task[None] | None = None
@@ -421,7 +428,11 @@ class PartitionEngine:
     def _send_follow_ups(self, command: CommandRecord, records: list[tuple[str, bytes, bytes]]) -> None:
         """Publish what follows a journaled command. The command is done once these are in Kafka
         too: a crash before that reads the command again, and its outcome is published again."""
-        finished = self.positions.finished
+
+        def finished(internal: bool, offset: int) -> None:
+            if not command.scheduled:  # read from no topic: no position to advance
+                self.positions.finished(internal, offset)
+
         if not records:
             finished(command.internal, command.offset)
             return
@@ -485,7 +496,7 @@ class PartitionEngine:
         if misrouted is not None:
             return self._rejection(command, append, misrouted)
         entry = self.entry(append.streamPath)
-        if entry.sources.covers(command.internal, command.offset):
+        if not command.scheduled and entry.sources.covers(command.internal, command.offset):
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
             in_flight = InFlightCommand(command, [])
@@ -497,7 +508,7 @@ class PartitionEngine:
                 return self._rejection(command, append, forbidden)
         state = entry.state
         was_open, was_paused = state.open, state.paused
-        sources = entry.sources.advanced(command.internal, command.offset)
+        sources = entry.sources if command.scheduled else entry.sources.advanced(command.internal, command.offset)
         started = time.perf_counter()
         outcome = journal_command(
             state,
@@ -513,9 +524,12 @@ class PartitionEngine:
             _observe(outcome.event, state, was_open)
             self.open_requests += (state.open is not None) - (was_open is not None)
             self.paused_agents += state.paused - was_paused
-            headers = [(H_SOURCE_OFFSET, str(command.offset).encode())]
-            if command.internal:
-                headers.append((H_SOURCE_TOPIC, INTERNAL))
+            if command.scheduled:
+                headers = [(H_SOURCE_TOPIC, SCHEDULER)]
+            else:
+                headers = [(H_SOURCE_OFFSET, str(command.offset).encode())]
+                if command.internal:
+                    headers.append((H_SOURCE_TOPIC, INTERNAL))
             if append.appendId is not None:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
             in_flight = InFlightCommand(command, outcome.rows)
@@ -604,9 +618,13 @@ class PartitionEngine:
             reason = decision.reject_reason
             metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
             log.warning("partition %d offset %d rejected: %s", command.partition, command.offset, reason[:500])
+            if command.scheduled:
+                source = SCHEDULER
+            else:
+                source = (self.topics.internal_appends if command.internal else self.topics.appends).encode()
             headers = [
                 (H_REASON, reason.encode()),
-                ("source-topic", (self.topics.internal_appends if command.internal else self.topics.appends).encode()),
+                ("source-topic", source),
                 ("source-partition", str(command.partition).encode()),
                 (H_SOURCE_OFFSET, str(command.offset).encode()),
             ]
@@ -723,28 +741,54 @@ class PartitionEngine:
     def wake(self, path: str, at_ms: int) -> None:
         heapq.heappush(self.wakeups, (at_ms, path))
 
-    def due_commands(self, now_ms: int) -> list[tuple[str, dict[str, Any]]]:
-        """Scheduler decisions for every stream whose wakeup is due: commands to append."""
-        commands: list[tuple[str, dict[str, Any]]] = []
+    def schedule(self, now_ms: int) -> list[tuple[str, dict[str, Any]]]:
+        """Run the scheduler (`processors.scheduler.decide`) for every stream whose wakeup is due.
+
+        A decision's appends are journaled here and now, like a command read from a topic: a turn
+        costs no round trip through Kafka before its request is published. A decision that must
+        not overtake commands already produced (an expiry: the caller may have produced R's
+        settlement just before) is returned instead, as commands for `agent-internal-appends`,
+        where they queue behind those. The worker calls this only once a recovered partition has
+        read the commands that waited at recovery, so no decision overtakes those either.
+        """
+        due: list[str] = []
         seen: set[str] = set()
         while self.wakeups and self.wakeups[0][0] <= now_ms:
             _, path = heapq.heappop(self.wakeups)
-            if path in seen:
-                continue
-            seen.add(path)
+            if path not in seen:  # journaling below wakes streams again: decided at the next tick
+                seen.add(path)
+                due.append(path)
+        commands: list[tuple[str, dict[str, Any]]] = []
+        for path in due:
+            if not self.active:
+                break
             entry = self.entry(path)
             decision = decide(entry.state, now_ms, self.default_model)
+            if not decision.appends:
+                if decision.wake_at_ms is not None:
+                    self.wake(path, decision.wake_at_ms)
+                continue
+            self.wake(path, now_ms + RESEND_AFTER_MS)  # should a decision not be journaled
             for append in decision.appends:
+                if not decision.after_commands:
+                    self._journal_scheduled(path, append.command(path))
+                    continue
                 sent_at = entry.sent.get(append.idempotencyKey)
                 if sent_at is not None and now_ms - sent_at < RESEND_AFTER_MS:
                     continue
                 entry.sent[append.idempotencyKey] = now_ms
                 commands.append((path, append.command(path)))
-            if decision.appends:
-                self.wake(path, now_ms + RESEND_AFTER_MS)  # in case the command is lost
-            elif decision.wake_at_ms is not None:
-                self.wake(path, decision.wake_at_ms)
         return commands
+
+    def _journal_scheduled(self, path: str, body: dict[str, Any]) -> None:
+        """Journal one scheduler append now, through the same decision as every command."""
+        value = orjson.dumps(body)
+        command = CommandRecord(self.partition, -1, path.encode(), value, {}, internal=True, scheduled=True)
+        try:
+            decision = self._decide(command)
+        except Exception as error:  # as for commands: dead-letter it, keep the partition going
+            decision = self._internal_error(command, error)
+        self._carry_out(command, decision)
 
     def wake_streams_with_work(self) -> None:
         """After recovery (a restart or a rebalance): wake every stream with a pending trigger or an

@@ -274,7 +274,6 @@ def build_app(settings: Settings) -> faust.App:
             time.monotonic() - started,
         )
         engine.wake_streams_with_work()
-        engine.caught_up = True
 
     async def command_ends(partition: int) -> dict[bool, int]:
         """The end offsets of both command topics' partition p now: what was waiting at recovery."""
@@ -290,9 +289,10 @@ def build_app(settings: Settings) -> faust.App:
         finally:
             await consumer.stop()
 
-    async def republish_open_work(engine: PartitionEngine, ends: dict[bool, int]) -> None:
-        """Once the commands that waited at recovery are done, publish again what open requests
-        still need (`PartitionEngine.republish_open_work`)."""
+    async def after_backlog(engine: PartitionEngine, ends: dict[bool, int]) -> None:
+        """Once the commands that waited at recovery are done: publish again what open requests
+        still need (`PartitionEngine.republish_open_work`), then start scheduling turns, whose
+        decisions must not overtake those commands (a settlement, new input)."""
         done = engine.positions.done
         while engine.active and not (done[False] >= ends[False] - 1 and done[True] >= ends[True] - 1):
             await asyncio.sleep(0.05)
@@ -301,6 +301,7 @@ def build_app(settings: Settings) -> faust.App:
         records = engine.republish_open_work()
         for topic, key, value in records:
             producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
+        engine.scheduling = True
         log.info("partition %d: published again %d records open requests need", engine.partition, len(records))
 
     starting: set[int] = set()
@@ -323,7 +324,7 @@ def build_app(settings: Settings) -> faust.App:
                 if partition in owned_now():  # not revoked meanwhile by another rebalance
                     reader.own(engine)
                     task = asyncio.get_running_loop().create_task(
-                        republish_open_work(engine, ends), name=f"republish-open-work-{partition}"
+                        after_backlog(engine, ends), name=f"after-backlog-{partition}"
                     )
                     background.add(task)  # a reference until it ends: the loop keeps only weak ones
                     task.add_done_callback(background.discard)
@@ -347,12 +348,13 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.timer(interval=0.005)  # the tick bounds a turn's wait beyond its debounce
     async def schedule() -> None:
-        """Append the scheduler's due commands (requests, pauses, resumes, expiries)."""
+        """Journal the scheduler's due decisions (requests, pauses, resumes); expiries go behind
+        the commands already produced (`PartitionEngine.schedule`)."""
         now_ms = int(time.time() * 1000)
         for partition, engine in list(engines.items()):
-            if not engine.caught_up:
+            if not engine.scheduling:
                 continue
-            for path, command in engine.due_commands(now_ms):
+            for path, command in engine.schedule(now_ms):
                 producer.send(names.internal_appends, path.encode(), orjson.dumps(command), partition)
 
     @app.timer(interval=5.0)
