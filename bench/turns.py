@@ -166,8 +166,8 @@ async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
     async def post() -> None:  # what the caller does per call, rendering of the provider messages included
         await provider.stream("instant", "openai-compatible", llm_outcomes.provider_messages(record), [])
 
-    async def create() -> None:  # the same request through the SDK's typed path (the caller before)
-        stream = await sdk.chat.completions.create(
+    async def create_on(client: AsyncOpenAI) -> None:  # the same request through the SDK's typed path
+        stream = await client.chat.completions.create(
             model="instant",
             messages=llm_outcomes.provider_messages(record),  # type: ignore[arg-type]
             max_tokens=64,
@@ -177,16 +177,11 @@ async def cpu_per_call(url: str, calls: int) -> dict[str, list[float]]:
         async for _ in stream:
             pass
 
+    async def create() -> None:  # the caller before: `create` on the SDK's default httpx transport
+        await create_on(sdk)
+
     async def create_aiohttp() -> None:  # `create` on the caller's transport: what the body path alone saves
-        stream = await sdk_aiohttp.chat.completions.create(
-            model="instant",
-            messages=llm_outcomes.provider_messages(record),  # type: ignore[arg-type]
-            max_tokens=64,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        async for _ in stream:
-            pass
+        await create_on(sdk_aiohttp)
 
     ways = {"post": post, "create": create, "create_aiohttp": create_aiohttp}
     for way in ways.values():  # warm up connections and caches
