@@ -253,12 +253,13 @@ def test_killed_parallel_replay_leaves_no_workers_and_is_rebuilt(stack: Stack, t
             [str(BIN / "agentstream"), "replay", "--jobs", "2", "--quiet", "--out", str(out)],
             env=stack.env(),
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         wait_until(lambda: (out / MARKER).is_file(), 30, "replay to start", interval=0.005)
         process.send_signal(sig)  # its helpers are starting or folding, unless it finished already
         # 130: interrupted (Ctrl-C); -SIGINT: it had finished and was exiting; 0: done before the signal.
-        assert process.wait(30) in (0, 130, -signal.SIGINT, -signal.SIGKILL)
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode in (0, 130, -signal.SIGINT, -signal.SIGKILL), stderr.decode()[-2000:]
         wait_until(lambda: not replay_workers(stack), 30, "no replay worker left")
     again = replay(stack.settings, out, progress=False, jobs=2)
     assert again.events == journal_size(stack)

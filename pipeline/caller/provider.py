@@ -117,7 +117,7 @@ class Provider:
         body = request_body(model, transport, messages, self.max_tokens, stream=False)
         async with asyncio.timeout(self.timeout_s):
             response = await self.client.post(CHAT_PATH, cast_to=object, content=body, options=_OPTIONS)
-        return completion_text(response), llm_outcomes.normalize_usage(_mapping(_mapping(response).get("usage")))
+        return completion_text(response), llm_outcomes.normalize_usage(_mapping(response).get("usage"))
 
     def describe(self, error: BaseException) -> str:
         return describe_error(error, self.timeout_s, self.secrets)

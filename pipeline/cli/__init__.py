@@ -117,6 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(run(args))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except SystemError as error:
+        # A Ctrl-C landing inside some C calls surfaces as a SystemError caused by the
+        # KeyboardInterrupt (seen in `replay` under load): still an interruption, not a crash.
+        if isinstance(error.__cause__, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        raise
     except BrokenPipeError:
         return 0
     except SettingsError as error:
