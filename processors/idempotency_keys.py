@@ -56,6 +56,16 @@ def expiry_error_key(request_offset: int) -> str:
     return f"agent/request/{request_offset}/expiry-error"
 
 
+def expiry_of(key: str | None) -> tuple[int, bool] | None:
+    """(R, whether it is the error event) when `key` is one of request R's expiry keys, else None."""
+    if key is None or not key.startswith("agent/request/"):
+        return None
+    request, _, suffix = key[len("agent/request/") :].partition("/")
+    if not request.isdigit() or suffix not in ("expired", "expiry-error"):
+        return None
+    return int(request), suffix == "expiry-error"
+
+
 # --- the LLM caller's outcomes (§4.3, §4.4, §4.5, §5.1.8) ---------------------------------------------
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from processors import idempotency_keys as keys
+from processors import rows
 from processors.appends import Append
+from processors.dedupe import RowReader
 from processors.state import AgentState
 from schemas.events import (
     AGENT_PAUSED,
@@ -19,6 +21,7 @@ from schemas.events import (
     LLM_REQUEST_REQUESTED,
     LLM_REQUEST_SETTLED,
     STREAM_ERROR_OCCURRED,
+    AppendCommand,
 )
 
 
@@ -32,6 +35,26 @@ class Decision:
 
 
 IDLE = Decision()
+
+
+def stale_expiry(state: AgentState, command: AppendCommand, read: RowReader) -> str | None:
+    """Why the scheduler's expiry command must not be journaled, if it must not (§4.3).
+
+    Expiries queue behind the commands already produced, so the caller's settlement of R may be
+    journaled first: then R is no longer open, the expiry is stale, and so is its error event
+    (journaled only after its own settlement), which would report an expiry that did not happen.
+    """
+    expiry = keys.expiry_of(command.idempotencyKey)
+    if expiry is None:
+        return None
+    request, is_error = expiry
+    if is_error:
+        if read(rows.idempotency_key(command.streamPath, keys.expired_key(request))) is None:
+            return f"request @{request} was not settled as expired"
+        return None
+    if state.open is None or state.open.offset != request:
+        return f"request @{request} is no longer open (settled before it expired)"
+    return None
 
 
 def backoff_ms(state: AgentState) -> int:

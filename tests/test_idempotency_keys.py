@@ -80,3 +80,18 @@ def test_producers_outside_the_core_use_the_same_keys() -> None:
         AppendCommand.model_validate(command)
     assert not routable({"idempotencyKey": keys.route_key("/integrations/x", 1)})
     assert routable({"idempotencyKey": "github/delivery/d-1"}) and routable({})
+
+
+def test_an_expiry_key_is_read_back_as_its_request_and_kind() -> None:
+    """The engine recognises the scheduler's expiry commands by these keys (§4.3)."""
+    assert keys.expiry_of(keys.expired_key(12)) == (12, False)
+    assert keys.expiry_of(keys.expiry_error_key(12)) == (12, True)
+    for other in (
+        None,
+        keys.settled_key(12),
+        keys.request_key(12),
+        "agent/request/x/expired",
+        "agent/request/12/expired/more",
+        "agents/request/12/expired",
+    ):
+        assert keys.expiry_of(other) is None, other

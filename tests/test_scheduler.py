@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from processors.scheduler import backoff_ms, breaker_reason, decide
+from processors import idempotency_keys as keys
+from processors import rows
+from processors.scheduler import backoff_ms, breaker_reason, decide, stale_expiry
 from processors.state import AgentState
 from schemas import events as ev
+from schemas.events import AppendCommand
 from tests.journal import Journal
 
 DEFAULT_MODEL = "default-model"
@@ -158,3 +161,28 @@ def test_4_3_paused_agent_resumes_on_external_input_only() -> None:
     j.resumed("external input")
     _, _, key = only(j.fold(), 10**15)
     assert key == f"agent/request/{hi}"
+
+
+def test_4_3_an_expiry_is_stale_once_its_request_is_no_longer_open() -> None:
+    """§4.3: an expiry journaled after the caller's settlement of R would report an expiry that did
+    not happen: its settlement is stale once R is not open, its error event unless R was expired."""
+    j = Journal()
+    born(j)
+    hi = j.user("hi")
+    r = j.request(expires_at=j.at_ms(hi) + 1000)
+    state = j.fold()
+    path = state.stream_path
+    assert path is not None
+    expiry, error = (
+        AppendCommand.model_validate(a.command(path)) for a in decide(state, j.at_ms(hi) + 1000, DEFAULT_MODEL).appends
+    )
+    nothing: dict[bytes, bytes] = {}
+    assert stale_expiry(state, expiry, nothing.get) is None  # R is open: it expires
+    assert stale_expiry(state, error, nothing.get) is not None  # not before its settlement
+    expired_row = {rows.idempotency_key(path, keys.expired_key(r)): b"journaled"}
+    assert stale_expiry(state, error, expired_row.get) is None
+    j.settle(r)
+    answered = j.fold()
+    assert "no longer open" in (stale_expiry(answered, expiry, nothing.get) or "")
+    other = AppendCommand.model_validate({"streamPath": path, "type": ev.CONTEXT_ADDED, "payload": {}})
+    assert stale_expiry(answered, other, nothing.get) is None  # only expiries are judged

@@ -173,3 +173,26 @@ def test_4_3_an_expired_request_is_settled_once_and_nothing_follows() -> None:
         assert len(t.calls()) == 1
 
     run(scenario())
+
+
+def test_4_3_a_settlement_journaled_before_the_expiry_wins_and_no_expiry_is_reported() -> None:
+    """The caller produced R's settlement just before the scheduler decided R's expiry: the
+    expiry commands queue behind it and are not journaled, so no expiry error is reported."""
+
+    async def scenario() -> None:
+        t = Turns()
+        await t.born(user("hello?"), llmRequestExpiryMs=2500, llmRequestDebounceMs=50)
+        trigger_at = t.now_ms
+        await t.tick(trigger_at + 50)
+        r = t.last_request()
+        t.now_ms = trigger_at + 2500
+        expiry = [command for _, command in t.h.engine.schedule(t.now_ms)]
+        assert len(expiry) == 2
+        await t.append(succeeded(r), internal=True)  # first in the internal topic
+        await t.append(*expiry, internal=True)
+        settlements = t.of(ev.LLM_REQUEST_SETTLED)
+        assert [s["payload"]["result"]["status"] for s in settlements] == ["succeeded"]
+        assert t.of(ev.STREAM_ERROR_OCCURRED) == []
+        assert t.h.kafka.on(NAMES.dlq) == []
+
+    run(scenario())

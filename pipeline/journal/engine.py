@@ -47,7 +47,7 @@ from pipeline.kafka.producer import OnDelivery
 from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages
-from processors.scheduler import decide
+from processors.scheduler import decide, stale_expiry
 from processors.state import AgentState, SourceOffsets
 from schemas.events import (
     CONTEXT_ADDED,
@@ -506,6 +506,11 @@ class PartitionEngine:
             forbidden = worker_only_reason(append.type, append.payload)
             if forbidden is not None:
                 return self._rejection(command, append, forbidden)
+        else:
+            stale = stale_expiry(entry.state, append, self.read)
+            if stale is not None:  # the caller's settlement was journaled first: nothing to expire
+                log.info("%s: expiry command not journaled: %s", append.streamPath, stale)
+                return Decision(InFlightCommand(command, []))
         state = entry.state
         was_open, was_paused = state.open, state.paused
         sources = entry.sources if command.scheduled else entry.sources.advanced(command.internal, command.offset)
