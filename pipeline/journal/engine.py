@@ -281,6 +281,7 @@ class PartitionEngine:
         self.transport = transport
         self.render_budget = render_budget  # per model: items are cut to fit its context window
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
+        self.on_wake: Callable[[int], None] | None = None  # told of every wakeup pushed (the worker's timer)
         self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending
         self.max_event_bytes = max_event_bytes
@@ -745,6 +746,8 @@ class PartitionEngine:
 
     def wake(self, path: str, at_ms: int) -> None:
         heapq.heappush(self.wakeups, (at_ms, path))
+        if self.on_wake is not None:
+            self.on_wake(at_ms)
 
     def schedule(self, now_ms: int) -> list[tuple[str, dict[str, Any]]]:
         """Run the scheduler (`processors.scheduler.decide`) for every stream whose wakeup is due.
@@ -760,7 +763,7 @@ class PartitionEngine:
         seen: set[str] = set()
         while self.wakeups and self.wakeups[0][0] <= now_ms:
             _, path = heapq.heappop(self.wakeups)
-            if path not in seen:  # journaling below wakes streams again: decided at the next tick
+            if path not in seen:  # journaling below wakes streams again: decided on the next run
                 seen.add(path)
                 due.append(path)
         commands: list[tuple[str, dict[str, Any]]] = []

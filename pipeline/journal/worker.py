@@ -33,6 +33,7 @@ from rocksdict import WriteBatch
 
 from pipeline import exit_codes, metrics
 from pipeline.journal.command_reader import CommandReader
+from pipeline.journal.due_timer import DueTimer
 from pipeline.journal.engine import PartitionEngine, changelog_order
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.settings import Settings
@@ -211,13 +212,28 @@ def build_app(settings: Settings) -> faust.App:
     engines = reader.engines
     metrics.count_turns(engines)  # the partitions owned now: a revoked one no longer counts
 
+    def run_due(now_ms: int) -> int | None:
+        """Journal the scheduler's due decisions (requests, pauses, resumes); expiries go behind
+        the commands already produced (`PartitionEngine.schedule`). Returns the earliest wakeup left."""
+        earliest: int | None = None
+        for partition, engine in list(engines.items()):
+            if not engine.scheduling:
+                continue
+            for path, command in engine.schedule(now_ms):
+                producer.send(names.internal_appends, path.encode(), orjson.dumps(command), partition)
+            if engine.wakeups and (earliest is None or engine.wakeups[0][0] < earliest):
+                earliest = engine.wakeups[0][0]
+        return earliest
+
+    due_timer = DueTimer(run_due)
+
     def new_engine(partition: int) -> PartitionEngine:
         def send(
             topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], on_delivery: Any
         ) -> None:
             producer.send(topic, key, value, partition, headers, on_delivery)
 
-        return PartitionEngine(
+        engine = PartitionEngine(
             partition,
             FaustRows(producer, table, partition, crash),
             names,
@@ -231,6 +247,8 @@ def build_app(settings: Settings) -> faust.App:
             transport=settings.transport,
             render_budget=settings.render_budget_for,
         )
+        engine.on_wake = due_timer.at
+        return engine
 
     def must_deliver(error: Any, _message: Any) -> None:
         if error is not None:  # a republished outcome lost again: restart and republish
@@ -302,6 +320,7 @@ def build_app(settings: Settings) -> faust.App:
         for topic, key, value in records:
             producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
         engine.scheduling = True
+        due_timer.at(0)  # decide what became due while the backlog was read
         log.info("partition %d: published again %d records open requests need", engine.partition, len(records))
 
     starting: set[int] = set()
@@ -345,17 +364,6 @@ def build_app(settings: Settings) -> faust.App:
         nothing is written to it."""
         async for _ in stream:
             pass
-
-    @app.timer(interval=0.005)  # the tick bounds a turn's wait beyond its debounce
-    async def schedule() -> None:
-        """Journal the scheduler's due decisions (requests, pauses, resumes); expiries go behind
-        the commands already produced (`PartitionEngine.schedule`)."""
-        now_ms = int(time.time() * 1000)
-        for partition, engine in list(engines.items()):
-            if not engine.scheduling:
-                continue
-            for path, command in engine.schedule(now_ms):
-                producer.send(names.internal_appends, path.encode(), orjson.dumps(command), partition)
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
