@@ -50,7 +50,6 @@ class AsyncProducer:
         )
         self._poll_interval_s = poll_interval_s
         self._poller: asyncio.Task[None] | None = None
-        self._idle: asyncio.Future[None] | None = None  # the poller's wait while nothing is in flight
 
     def start(self) -> None:
         """Start polling for deliveries from the running loop."""
@@ -59,21 +58,9 @@ class AsyncProducer:
 
     async def _poll_forever(self) -> None:
         producer = self._producer
-        loop = asyncio.get_running_loop()
         while True:
             producer.poll(0)
-            if len(producer):
-                await asyncio.sleep(self._poll_interval_s)
-                continue
-            # Nothing in flight: wait up to 10 ms, or until `send` produces (its delivery is then
-            # served without waiting out the rest of an idle sleep).
-            self._idle = idle = loop.create_future()
-            timer = loop.call_later(0.01, _settle, idle)
-            try:
-                await idle
-            finally:
-                timer.cancel()
-                self._idle = None
+            await asyncio.sleep(self._poll_interval_s if len(producer) else 0.01)
 
     def send(
         self,
@@ -94,8 +81,6 @@ class AsyncProducer:
                 self._producer.produce(
                     topic, value=value, key=key, partition=partition, headers=headers, on_delivery=on_delivery
                 )
-                if self._idle is not None:
-                    _settle(self._idle)
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -109,8 +94,3 @@ class AsyncProducer:
                 raise TimeoutError(f"{len(self._producer)} records not delivered within {timeout_s:.0f}s")
             self._producer.poll(0.005)
             await asyncio.sleep(0)
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
