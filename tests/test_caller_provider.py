@@ -242,7 +242,7 @@ def test_each_failure_is_described_in_one_scrubbed_line(
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_refused_connection_is_a_connection_failure_not_a_timeout(stream: bool) -> None:
+def test_4_3_a_refused_connection_is_a_connection_failure_not_a_timeout(stream: bool) -> None:
     """§4.3: nothing listens on the provider's port; the error says so at once (the aiohttp
     transport reports it as a connect timeout, which would blame a slow provider)."""
     with socket.socket() as probe:  # a port nothing listens on

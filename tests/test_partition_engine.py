@@ -546,7 +546,7 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
 # --- the scheduler's decisions --------------------------------------------------------------------
 
 
-def test_a_due_request_is_journaled_at_once_and_its_call_record_follows() -> None:
+def test_4_2_a_due_request_is_journaled_at_once_and_its_call_record_follows() -> None:
     """§4.2: the scheduler's request is journaled in the tick that finds it due (no command-topic
     round trip), marked as the scheduler's, without touching the command positions or the
     stream's source offsets; the call record goes out once the journal acknowledges it."""
@@ -571,7 +571,7 @@ def test_a_due_request_is_journaled_at_once_and_its_call_record_follows() -> Non
     run(scenario())
 
 
-def test_an_expiry_goes_behind_the_commands_already_produced() -> None:
+def test_4_3_an_expiry_goes_behind_the_commands_already_produced() -> None:
     """§4.3: an expired request's settlement is not journaled by the tick: it is returned as
     commands for the internal topic, so a settlement the caller produced before it wins."""
 
