@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
-from pipeline.client import Agent, AppendRejected
+from pipeline.client import Agent, AppendRejected, watermarks
 from processors.reducer import epoch_ms, fold_all
 from processors.render import render_cell, turn_json
 from processors.scheduler import breaker_reason
@@ -508,6 +509,50 @@ def test_crash_safety_a_host_killed_mid_run_settles_once_as_crashed_and_never_ru
     events = journal_until(agent, settled_runs(2), "a run after the restart")
     assert len(of(events, SCRIPT_RUN_STARTED)) == 2 and len(of(events, SCRIPT_RUN_SETTLED)) == 2
     assert len([e for e in of(events, CONTEXT_ADDED) if e.payload.key == "progress"]) == 1
+
+
+def test_crash_safety_a_run_whose_script_runs_record_was_lost_runs_after_the_journal_worker_restarts(
+    kit: tuple[Stack, ScriptedLLM],
+) -> None:
+    """The journal worker may die between journaling a run request and publishing its `script-runs`
+    record, the host's only notice of the run. After a restart the worker publishes the record of
+    every unsettled run again (code read back from the journal): the run executes once, its result
+    comes back, and the agent is not left running a script forever."""
+    stack, _ = kit
+    tag = new_tag()
+    ROUTER.on(tag, script("print('ran after the restart')\n41 + 1"))
+    stack.stop_capabilities()  # nobody takes the record before it is lost
+    try:
+        agent, _ = new_agent(stack, tag, user(f"{tag} run it"))
+        journal_until(agent, lambda es: of(es, SCRIPT_RUN_REQUESTED), "the run request")
+        # Lose the record as a worker killed before publishing it would: the hosts' group skips it.
+        topic = stack.client.topics.script_runs
+        group = {**stack.settings.kafka_client_config(), "group.id": f"{stack.settings.app_id}-capabilities"}
+        consumer = Consumer(group)
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            ends = [TopicPartition(topic, p, watermarks(consumer, TopicPartition(topic, p))[1]) for p in partitions]
+            consumer.commit(offsets=ends, asynchronous=False)
+        finally:
+            consumer.close()
+        stack.stop_worker()
+        stack.start_worker()
+    finally:
+        stack.start_capabilities(concurrency=4, max_memory_mb=64)
+    events = journal_until(agent, transcribed(1), "the run and its result", timeout=90)
+
+    (requested,) = of(events, SCRIPT_RUN_REQUESTED)
+    assert len(of(events, SCRIPT_RUN_STARTED)) == 1
+    (settled,) = of(events, SCRIPT_RUN_SETTLED)
+    assert settled.payload.executionId == requested.payload.executionId
+    assert settled.payload.settlement.model_dump(exclude_none=True) == {
+        "status": "succeeded",
+        "result": 42,
+        "stdout": "ran after the restart\n",
+    }
+    (result,) = script_items(events)
+    assert "ran after the restart" in result.payload.content
+    assert fold_all(AgentState(), events).scripts == {}
 
 
 # --- the breaker -------------------------------------------------------------------------------------

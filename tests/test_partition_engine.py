@@ -25,8 +25,10 @@ from pipeline.journal.engine import (
     CommandRecord,
     PartitionEngine,
     changelog_order,
+    script_run_record,
 )
 from processors import rows
+from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED
 from schemas.events import (
     AGENT_CREATED,
     CONTEXT_ADDED,
@@ -608,5 +610,111 @@ def test_recovery_refolds_scheduled_events_to_the_live_rows() -> None:
         await fresh.flush()
         again = {k: v for k, v in fresh.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
         assert again == live, sorted(set(again) ^ set(live))[:5]
+
+    run(scenario())
+
+
+# --- agent-run code across a crash (docs/architecture.md, "Recovering") ----------------------------
+
+
+def answer(request_offset: int, content: str) -> dict[str, Any]:
+    """The LLM caller's answer item to request R (what `llm_outcomes.succeeded` appends first)."""
+    payload = {"role": "assistant", "content": content, "llmRequestOffset": request_offset}
+    return {"type": CONTEXT_ADDED, "payload": payload, "idempotencyKey": f"llm/answer@{request_offset}"}
+
+
+def script_settled(execution: str) -> dict[str, Any]:
+    settlement = {"status": "succeeded", "result": 2, "stdout": "two\n"}
+    payload = {"executionId": execution, "settlement": settlement}
+    return {"type": SCRIPT_RUN_SETTLED, "payload": payload, "idempotencyKey": f"host/settled@{execution}"}
+
+
+async def run_a_script(h: Harness) -> None:
+    """§6: R answered with one python block -> run requested -> run settled -> result item."""
+    await h.handle(h.command(SYSTEM), h.command(user("hello")))
+    await h.handle(h.command(request("r/2"), internal=True))
+    await h.handle(
+        h.command(answer(3, "Let me check.\n```python\nprint('two')\n1 + 1\n```"), internal=True),
+        h.command(
+            {
+                "type": LLM_REQUEST_SETTLED,
+                "payload": {"requestOffset": 3, "result": {"status": "succeeded", "text": "-"}},
+            },
+            internal=True,
+        ),
+    )
+    await h.settle()
+    (run_request,) = h.kafka.on(NAMES.internal_appends)  # the worker's follow-up, a command
+    await h.handle(h.command(orjson.loads(run_request.value), internal=True))
+    await h.settle()
+
+
+def test_6_catch_up_publishes_again_the_script_commands_a_dead_worker_never_sent() -> None:
+    """The worker may die after the journal acknowledged an event but before its rows were stored
+    and its script follow-ups sent. Catch-up re-folds the event from the journal and publishes the
+    same commands, byte for byte (the run request of a qualifying answer, the too-many-blocks
+    feedback, a settled run's result): repeats are duplicates by idempotency key, and none is lost."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await run_a_script(h)
+        await h.handle(h.command(script_settled("agent-output:4"), internal=True))
+        await h.handle(h.command(user("and now?")))
+        await h.handle(h.command(request("r/9"), internal=True))
+        two_blocks = "```python\n1\n```\nand\n```py\n2\n```"
+        await h.handle(h.command(answer(9, two_blocks), internal=True))
+        await h.settle()
+        live = [r.value for r in h.kafka.on(NAMES.internal_appends)]
+        assert [orjson.loads(v)["type"] for v in live] == [SCRIPT_RUN_REQUESTED, CONTEXT_ADDED, CONTEXT_ADDED]
+        assert [orjson.loads(v)["idempotencyKey"] for v in live] == [
+            "agent/script-run-requested@4",
+            "agent/script-result@agent-output:4",
+            "agent/script-feedback@10",
+        ]
+        journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
+        engine = PartitionEngine(0, DictRows(), NAMES, h.kafka.send, max_cached_streams=100)  # nothing stored
+        outcomes: list[tuple[str, bytes, bytes]] = []
+        engine.catch_up(journal, outcomes)
+        again = [value for topic, key, value in outcomes if topic == NAMES.internal_appends]
+        assert again == live
+        assert {key for topic, key, _ in outcomes if topic == NAMES.internal_appends} == {PATH.encode()}
+        # Events a stream's rows already hold are not re-folded: a second catch-up publishes nothing.
+        await engine.table.flush()
+        repeat: list[tuple[str, bytes, bytes]] = []
+        engine.catch_up(journal, repeat)
+        assert repeat == []
+
+    run(scenario())
+
+
+def test_6_an_unsettled_script_run_is_listed_for_its_record_to_go_out_again() -> None:
+    """After recovery every requested, unsettled run is handed to the worker (with the agent's script
+    timeout) so its `script-runs` record goes out again; a settled run is not."""
+
+    async def scenario() -> None:
+        h = Harness()
+        await run_a_script(h)
+        (record,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.script_runs)]
+        runs = restarted(h).open_script_runs()
+        assert [(path, run.executionId, run.offset, run.expiresAt, timeout) for path, run, timeout in runs] == [
+            (PATH, "agent-output:4", record["offset"], record["expiresAt"], record["timeoutMs"])
+        ]
+        first = h.kafka.on(NAMES.journal)[record["offset"] - 1]
+        event = orjson.loads(first.value)
+        assert (
+            script_run_record(
+                PATH,
+                event["offset"],
+                event["createdAt"],
+                event["payload"]["code"],
+                "agent-output:4",
+                event["payload"]["expiresAt"],
+                record["timeoutMs"],
+            )
+            == h.kafka.on(NAMES.script_runs)[0].value
+        )
+        await h.handle(h.command(script_settled("agent-output:4"), internal=True))
+        await h.settle()
+        assert restarted(h).open_script_runs() == []
 
     run(scenario())

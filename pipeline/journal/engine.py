@@ -48,7 +48,9 @@ from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages
 from processors.scheduler import decide, stale_expiry
-from processors.state import AgentState, SourceOffsets
+from processors.scripts import script_follow_ups
+from processors.state import AgentState, ScriptRun, SourceOffsets
+from schemas.capabilities import SCRIPT_RUN_REQUESTED, ScriptRunRecord
 from schemas.events import (
     CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
@@ -696,24 +698,40 @@ class PartitionEngine:
         """Agents run code: the run request, feedback or script result the event calls for (commands
         to the internal topic), and each journaled run request for the capability host (script-runs).
         All are published once the journal acknowledges the event."""
-        from processors.scripts import script_follow_ups
-        from schemas.capabilities import SCRIPT_RUN_REQUESTED, ScriptRunRecord
+        in_flight.after.extend(self._script_commands(entry.state, event))
+        if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
+            payload = event.payload
+            record = script_run_record(
+                event.streamPath,
+                event.offset,
+                event.createdAt,
+                payload.code,
+                payload.executionId,
+                payload.expiresAt,
+                entry.state.config.scriptTimeoutMs,
+            )
+            in_flight.after.append((self.topics.script_runs, event.streamPath.encode(), record))
 
+    def _script_commands(self, state: AgentState, event: Any) -> list[tuple[str, bytes, bytes]]:
+        """The commands agent-run code calls for after `event` (`state`: folded through it)."""
         path = event.streamPath
         key = path.encode()
-        for append in script_follow_ups(entry.state, event):
-            in_flight.after.append((self.topics.internal_appends, key, orjson.dumps(append.command(path))))
-        if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
-            record = ScriptRunRecord(
-                streamPath=path,
-                offset=event.offset,
-                createdAt=event.createdAt,
-                code=event.payload.code,
-                executionId=event.payload.executionId,
-                expiresAt=event.payload.expiresAt,
-                timeoutMs=entry.state.config.scriptTimeoutMs,
-            )
-            in_flight.after.append((self.topics.script_runs, key, record.model_dump_json().encode()))
+        return [
+            (self.topics.internal_appends, key, orjson.dumps(append.command(path)))
+            for append in script_follow_ups(state, event)
+        ]
+
+    def open_script_runs(self) -> list[tuple[str, ScriptRun, int]]:
+        """Every execution requested and not settled in this partition, with its agent's script
+        timeout: (stream path, run, timeoutMs). The worker publishes their `script-runs` records
+        again after recovery (their code is read back from the journal)."""
+        runs: list[tuple[str, ScriptRun, int]] = []
+        for _, value in self.table.scan(rows.META + rows.SEP):
+            meta = row_codec.decode_meta_row(value)
+            if meta.scripts:
+                state = self.entry(meta.path).state
+                runs.extend((meta.path, run, state.config.scriptTimeoutMs) for run in state.scripts.values())
+        return runs
 
     def _compaction(self, entry: StreamEntry, report_offset: int) -> bytes | None:
         """§4.5: summarize request R when its usage crossed the threshold (newest report only)."""
@@ -868,9 +886,10 @@ class PartitionEngine:
         """Re-fold journal records (kafka offset, value, headers) past the recorded position.
 
         Events a stream's rows already hold are skipped; the rest are folded and stored exactly as
-        the live path would have stored them. With `outcomes`, the result record of every
-        re-folded event that a client may wait for is added to it (the worker may have died
-        before publishing it); replay passes none.
+        the live path would have stored them. With `outcomes`, what the previous owner may have
+        died before publishing is added to it: the result record of every re-folded event that a
+        client may wait for, and the commands agent-run code calls for (a run request, the
+        too-many-blocks feedback, a script result). Replay passes none.
         """
         refolded = 0
         position = None
@@ -903,13 +922,34 @@ class PartitionEngine:
             entry.sources = sources
             for key, row_value in changed:
                 self.table.put(key, row_value)
-            if outcomes is not None and append_id is not None:
-                outcome = AppendOutcome.encode_trusted(append_id, event.streamPath, "journaled", event.offset)
-                outcomes.append((self.topics.results, event.streamPath.encode(), outcome))
+            if outcomes is not None:
+                if append_id is not None:
+                    outcome = AppendOutcome.encode_trusted(append_id, event.streamPath, "journaled", event.offset)
+                    outcomes.append((self.topics.results, event.streamPath.encode(), outcome))
+                # Folded in journal order, the state is exactly the one the live path decided with,
+                # so these are the commands it produced (or never got to): repeats are duplicates.
+                outcomes.extend(self._script_commands(entry.state, event))
             refolded += 1
         if position is not None:
             self.table.put(rows.position_key(self.partition), row_codec.encode_offset(position))
         return refolded
+
+
+def script_run_record(
+    path: str, offset: int, created_at: str, code: str, execution_id: str, expires_at: int, timeout_ms: int
+) -> bytes:
+    """The `script-runs` record of the run requested at `path@offset`: the event's fields and the
+    agent's script timeout."""
+    record = ScriptRunRecord(
+        streamPath=path,
+        offset=offset,
+        createdAt=created_at,
+        code=code,
+        executionId=execution_id,
+        expiresAt=expires_at,
+        timeoutMs=timeout_ms,
+    )
+    return record.model_dump_json().encode()
 
 
 def _cancel_record(path: str, request_offset: int) -> bytes:

@@ -32,12 +32,14 @@ from aiokafka.structs import TopicPartition
 from rocksdict import WriteBatch
 
 from pipeline import exit_codes, metrics
+from pipeline.capabilities.journal import JournalReader
 from pipeline.journal.command_reader import CommandReader
 from pipeline.journal.due_timer import DueTimer
-from pipeline.journal.engine import PartitionEngine, changelog_order
+from pipeline.journal.engine import PartitionEngine, changelog_order, script_run_record
 from pipeline.kafka.producer import AsyncProducer
 from pipeline.settings import Settings
 from processors.row_codec import RowFormatError
+from schemas.capabilities import SCRIPT_RUN_REQUESTED
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
 log = logging.getLogger("agentstream.journal")
@@ -322,6 +324,42 @@ def build_app(settings: Settings) -> faust.App:
         engine.scheduling = True
         due_timer.at(0)  # decide what became due while the backlog was read
         log.info("partition %d: published again %d records open requests need", engine.partition, len(records))
+        try:
+            await republish_script_runs(engine)
+        except Exception as error:  # the journal cannot be read: restart and try again
+            crash(error)
+
+    async def republish_script_runs(engine: PartitionEngine) -> None:
+        """Publish the `script-runs` record of every unsettled run again: the previous owner may have
+        died between journaling a run request and publishing its record, and the capability host
+        learns of a run from that record only. A host that has the run already finds its start
+        journaled and never runs it twice (docs/architecture.md, "Recovering")."""
+        runs = engine.open_script_runs()
+        if not runs:
+            return
+        events = JournalReader(settings, consumers=1)  # the run's code is in its event, not in the rows
+        published = 0
+        try:
+            for path, run, timeout_ms in runs:
+                event = await asyncio.to_thread(events.event, path, run.offset)
+                if not engine.active:
+                    return  # revoked: the next owner does it
+                try:
+                    if event is None or event.get("type") != SCRIPT_RUN_REQUESTED:
+                        raise ValueError(f"the journal has no {SCRIPT_RUN_REQUESTED} at {path}@{run.offset}")
+                    payload = event["payload"]
+                    code, created_at = payload["code"], event["createdAt"]
+                    value = script_run_record(
+                        path, run.offset, created_at, code, run.executionId, run.expiresAt, timeout_ms
+                    )
+                except (ValueError, KeyError, TypeError) as error:
+                    log.error("%s: run %s cannot be published again: %s", path, run.executionId, error)
+                    continue
+                producer.send(names.script_runs, path.encode(), value, engine.partition, on_delivery=must_deliver)
+                published += 1
+        finally:
+            await asyncio.to_thread(events.close)
+        log.info("partition %d: published again %d unsettled script runs", engine.partition, published)
 
     starting: set[int] = set()
     background: set[asyncio.Task[None]] = set()
