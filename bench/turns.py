@@ -10,9 +10,10 @@ shape), measured in a separate process against a local instant server: the calle
 rendered once) against `chat.completions.create` with the same request (the caller before: the
 default httpx transport; and on aiohttp, to separate the transport's share), alternating in blocks
 in the same run, with the ratios. Then it starts an isolated topic set, the journal worker, the LLM
-caller and the scripted OpenAI-compatible server answering instantly; creates N agents; then, per round, sends one user
-message to every agent at once and waits until every turn is settled; then one more message per
-agent, paced at half the best round's rate. Reports:
+caller and the scripted OpenAI-compatible server answering instantly; creates N agents and waits
+until the journal holds them (so no round also measures the creations); then, per round, sends one
+user message to every agent at once and waits until every turn is settled; then one more message
+per agent, paced at half the best round's rate. Reports:
 - complete turns/s across all agents (first append of the round to the last settlement);
 - scheduling overhead: user message journaled -> request published on llm-requests, minus the
   debounce, in the bursts and at half the max rate (target there: p99 <= 30 ms over the debounce);
@@ -81,19 +82,22 @@ def read_all(topic: str) -> list[tuple[bytes, bytes, int]]:
 
 
 class SettlementFollower:
-    """Counts settlements per stream as they are journaled (one consumer, read incrementally)."""
+    """Counts events and settlements per stream as they are journaled (one consumer, read incrementally)."""
 
     def __init__(self, topic: str, partitions: int) -> None:
         self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-follow", "log_level": 3})
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        self.events: dict[str, int] = {}
         self.settled: dict[str, int] = {}
         self.marker = b'"' + LLM_REQUEST_SETTLED.encode() + b'"'
 
     def poll(self) -> None:
         for message in consume_ready(self.consumer, 5000, 0.05):
-            if message.error() is None and self.marker in message.value():
+            if message.error() is None:
                 path = message.key().decode()
-                self.settled[path] = self.settled.get(path, 0) + 1
+                self.events[path] = self.events.get(path, 0) + 1
+                if self.marker in message.value():
+                    self.settled[path] = self.settled.get(path, 0) + 1
 
 
 def start_llm_server() -> tuple[subprocess.Popen[bytes], str]:
@@ -266,6 +270,10 @@ def main() -> None:
         agents = [client.agents.create() for _ in range(args.agents)]
         client.flush()
         follower = SettlementFollower(stack.client.topics.journal, args.partitions)
+        # Round 1 starts once every agent is journaled (created, base policy): else it also
+        # measures the worker journaling the creations.
+        while sum(1 for a in agents if follower.events.get(a.path, 0) >= 2) < len(agents):
+            follower.poll()
         assert stack.caller is not None and stack.worker is not None
         processes = {
             "LLM caller": stack.caller.pid,
