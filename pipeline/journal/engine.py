@@ -152,7 +152,7 @@ class StreamEntry:
 
 
 @dataclass(slots=True)
-class Decision:
+class HandledCommand:
     """What handling one command produces: the command in flight, plus what to write to Kafka."""
 
     in_flight: InFlightCommand
@@ -482,7 +482,7 @@ class PartitionEngine:
     async def handle(self, command: CommandRecord) -> None:
         await self.handle_batch((command,))
 
-    def _decide(self, command: CommandRecord) -> Decision:
+    def _decide(self, command: CommandRecord) -> HandledCommand:
         """Everything about one command that is not I/O: validate, dedupe, journal, fold."""
         size = len(command.value)
         if size > self.max_event_bytes:
@@ -504,7 +504,7 @@ class PartitionEngine:
             metrics.DUPLICATES.inc()
             in_flight = InFlightCommand(command, [])
             self._republish(in_flight, append)
-            return Decision(in_flight)
+            return HandledCommand(in_flight)
         if not command.internal:
             forbidden = worker_only_reason(append.type, append.payload)
             if forbidden is not None:
@@ -513,7 +513,7 @@ class PartitionEngine:
             stale = stale_expiry(entry.state, append, self.read)
             if stale is not None:  # the caller's settlement was journaled first: nothing to expire
                 log.info("%s: expiry command not journaled: %s", append.streamPath, stale)
-                return Decision(InFlightCommand(command, []))
+                return HandledCommand(InFlightCommand(command, []))
         state = entry.state
         was_open, was_paused = state.open, state.paused
         sources = entry.sources if command.scheduled else entry.sources.advanced(command.internal, command.offset)
@@ -544,16 +544,16 @@ class PartitionEngine:
             self._result(in_flight, append, "journaled", outcome.event.offset)
             self._after_fold(entry, outcome.event, in_flight)
             self._script_follow_ups(entry, outcome.event, in_flight)
-            return Decision(in_flight, journal=(outcome.record, headers))
+            return HandledCommand(in_flight, journal=(outcome.record, headers))
         if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
             in_flight = InFlightCommand(command, [])
             self._result(in_flight, append, "duplicate", outcome.offset, outcome.reason)
-            return Decision(in_flight)
+            return HandledCommand(in_flight)
         assert isinstance(outcome, Rejected)
         return self._rejection(command, append, outcome.reason)
 
-    def _internal_error(self, command: CommandRecord, error: Exception) -> Decision:
+    def _internal_error(self, command: CommandRecord, error: Exception) -> HandledCommand:
         """A bug or an input nobody foresaw: dead-letter the command, keep the partition going.
 
         The failure may have struck halfway through a fold, so the stream's cached state is
@@ -569,11 +569,11 @@ class PartitionEngine:
             command, _parsed_or_none(command.value), f"internal_error: {type(error).__name__}: {error}"
         )
 
-    def _rejection(self, command: CommandRecord, append: AppendCommand | None, reason: str) -> Decision:
+    def _rejection(self, command: CommandRecord, append: AppendCommand | None, reason: str) -> HandledCommand:
         in_flight = InFlightCommand(command, [])
         if append is not None:
             self._result(in_flight, append, "rejected", None, reason)
-        return Decision(in_flight, reject_reason=reason)
+        return HandledCommand(in_flight, reject_reason=reason)
 
     def _republish(self, in_flight: InFlightCommand, append: AppendCommand) -> None:
         """A redelivered, already journaled command: its command position was not recorded as
@@ -618,7 +618,7 @@ class PartitionEngine:
         )
         return _record_bytes(record)
 
-    def _carry_out(self, command: CommandRecord, decision: Decision) -> None:
+    def _carry_out(self, command: CommandRecord, decision: HandledCommand) -> None:
         """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
         in_flight = decision.in_flight
         in_flight.on_settled = self._on_settled
