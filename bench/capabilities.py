@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # before bench/
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from pipeline.client import consume_ready
+from pipeline.kafka.read import consume_ready
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
-from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
+from tests.kafka_stack import Stack, consumer_config, ensure_broker
 
 SCRIPT = "```python\nsum(range(10))\n```"
 
@@ -48,7 +48,7 @@ class Follower:
     """Reads a topic from the start, incrementally."""
 
     def __init__(self, topic: str, partitions: int, group: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": group, "log_level": 3})
+        self.consumer = Consumer(consumer_config(group))
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
 
     def poll(self) -> list[tuple[str, dict, int]]:

@@ -48,12 +48,12 @@ import yaml  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from pipeline.client import consume_ready, watermarks  # noqa: E402
 from pipeline.gateway.kafka import producer_config  # noqa: E402
 from pipeline.gateway.tokens import hash_token, new_token  # noqa: E402
+from pipeline.kafka.read import consume_ready, watermarks  # noqa: E402
 from schemas.events import CONTEXT_ADDED  # noqa: E402
 from schemas.routing import AGENT_SUBSCRIBED  # noqa: E402
-from tests.kafka_stack import BIN, BOOTSTRAP, Stack, ensure_broker  # noqa: E402
+from tests.kafka_stack import BIN, BOOTSTRAP, Stack, consumer_config, ensure_broker  # noqa: E402
 
 BATCH_LINES = 2000
 SOURCE = "/integrations/bench/fanout"
@@ -400,7 +400,7 @@ class JournalFollower:
     """Reads agent-journal from its end; records each routed item's createdAt by source offset."""
 
     def __init__(self, topic: str, source: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-gateway", "log_level": 3})
+        self.consumer = Consumer(consumer_config("bench-gateway"))
         partitions = self.consumer.list_topics(topic, timeout=10).topics[topic].partitions
         assignment = []
         for p in partitions:

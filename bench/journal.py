@@ -9,12 +9,15 @@ baseline measured in the same run on the same machine:
 
 - sustained appends/s: valid AppendCommand JSON (with append ids, as the client API sends them)
   produced as fast as possible with confluent-kafka straight to agent-appends over 200 raw streams;
-  the rate is read from agent-journal's high watermarks (from 10% to 100% of the records, so the
-  start-up transient is left out). Baseline: a Python confluent-kafka consume→produce loop copying
+  the rate is read from a count of agent-journal's records as they are read (from 10% to 100% of the
+  records, so the start-up transient is left out). Baseline: a Python confluent-kafka consume→produce loop copying
   one topic to another (same partition count, also a subprocess, acks=all), started on a backlog of
   the same commands (more of them: it is fast) and measured the same way on its output topic.
+- fencing's cost: sustained appends/s with Kafka transactions (the default) against the same build
+  with `AGENTSTREAM_TRANSACTIONS=false`, run alternately (target: at least 85%).
 - append→journaled latency p50/p99 at a fixed offered load (paced producer): consume time of the
   journal record minus produce time of the command. Baseline: the same load through the raw loop.
+  Then at half the sustained rate, with transactions and without (target: p99 <= 50 ms).
 - replay events/s of `pipeline.journal.replay.replay` over the whole journal written by the run (topped up
   with a realistic mix through the workers' door: keyed slots, idempotency keys, requests with
   answers, settlements and usage reports, compactions), with `jobs=1` and `jobs=2`, beside a raw
@@ -53,9 +56,9 @@ import orjson  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from pipeline.client import consume_ready, watermarks  # noqa: E402
 from pipeline.journal import heap  # noqa: E402
 from pipeline.journal.replay import replay  # noqa: E402
+from pipeline.kafka.read import consume_ready, read_ranges, watermarks  # noqa: E402
 from processors.reducer import fold  # noqa: E402
 from processors.state import AgentState  # noqa: E402
 from schemas.events import (  # noqa: E402
@@ -66,6 +69,7 @@ from schemas.events import (  # noqa: E402
     EnvelopeError,
     decode_event,
 )
+from tests.kafka_stack import RecordCounter, consumer_config  # noqa: E402
 from topics.names import topic_names  # noqa: E402
 
 BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
@@ -113,10 +117,11 @@ def produce_all(producer: Producer, topic: str, records: list[tuple[bytes, bytes
 
 
 class Watermarks:
-    """Sum of a topic's high watermarks (records written so far; nothing is ever deleted here)."""
+    """A topic's end offsets: where a later read starts, and whether anything was written meanwhile.
+    Not a record count: transaction markers take offsets too (`RecordCounter` counts records)."""
 
     def __init__(self, topic: str, partitions: int) -> None:
-        self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-watermarks", "log_level": 3})
+        self.consumer = Consumer(consumer_config("bench-watermarks"))
         self.tps = [TopicPartition(topic, p) for p in range(partitions)]
 
     def total(self) -> int:
@@ -130,7 +135,7 @@ class Watermarks:
 
 
 def wait_for_count(
-    marks: Watermarks, target: int, timeout: float, samples: list[tuple[float, int]] | None = None
+    marks: RecordCounter, target: int, timeout: float, samples: list[tuple[float, int]] | None = None
 ) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -315,7 +320,7 @@ class Bench:
         self.stack = Stack(self.tmp / "data", partitions=partitions)
         self.settings = self.stack.settings
         self.topics = topic_names(self.settings.topic_prefix)  # no Client: its result follower costs CPU
-        self.journal_marks = Watermarks(self.topics.journal, partitions)
+        self.journal_marks = RecordCounter(self.topics.journal, partitions)
         self.producer = new_producer()
         self.raw_topics = [f"{self.settings.topic_prefix}raw-in", f"{self.settings.topic_prefix}raw-out"]
         self.passthrough: subprocess.Popen[bytes] | None = None
@@ -330,6 +335,12 @@ class Bench:
         before = self.journal_marks.total()
         produce_all(self.producer, self.topics.appends, [(b"/bench/warmup", command("/bench/warmup", "warm-up"))])
         wait_for_count(self.journal_marks, before + 1, timeout=120)
+
+    def restart_worker(self, transactions: bool) -> None:
+        """The journal worker again, writing in Kafka transactions or not (`AGENTSTREAM_TRANSACTIONS`)."""
+        self.stack.stop_worker()
+        self.stack.settings = self.settings = self.settings.model_copy(update={"transactions": transactions})
+        self.start_worker()
 
     def worker_pid(self) -> int:
         assert self.stack.worker is not None
@@ -362,7 +373,7 @@ class Bench:
             source,
             [(paths[i % streams].encode(), command(paths[i % streams], f"t#{i}")) for i in range(n)],
         )
-        marks = Watermarks(target, self.partitions)
+        marks = RecordCounter(target, self.partitions)
         try:
             samples: list[tuple[float, int]] = []
             self.passthrough = subprocess.Popen(
@@ -386,15 +397,7 @@ class Bench:
 
     def latency(self, source: str, sink: str, rate: float, seconds: float, streams: int = 200) -> list[float]:
         """Latencies (ms) of `rate` commands/s sent to `source` for `seconds`, seen arriving in `sink`."""
-        consumer = Consumer(
-            {
-                "bootstrap.servers": BOOTSTRAP,
-                "group.id": "bench-latency",
-                "fetch.wait.max.ms": 5,
-                "enable.auto.commit": False,
-                "log_level": 3,
-            }
-        )
+        consumer = Consumer(consumer_config("bench-latency", **{"fetch.wait.max.ms": 5}))
         tps = [TopicPartition(sink, p) for p in range(self.partitions)]
         for tp in tps:
             tp.offset = watermarks(consumer, tp)[1]
@@ -472,55 +475,28 @@ class Bench:
 
     def journal_values(self) -> list[list[bytes]]:
         """Every journal record's value, per partition (read before timing the pure fold)."""
-        consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-journal-values", "log_level": 3})
+        consumer = Consumer(consumer_config("bench-journal-values"))
+        topic = self.topics.journal
         try:
             partitions: list[list[bytes]] = []
             for p in range(self.partitions):
-                low, high = watermarks(consumer, TopicPartition(self.topics.journal, p))
-                values: list[bytes] = []
-                if high > low:
-                    consumer.assign([TopicPartition(self.topics.journal, p, low)])
-                    position = low
-                    while position < high:
-                        for message in consume_ready(consumer, 5000, 1.0):
-                            if message.error() is None and message.offset() < high:
-                                position = message.offset() + 1
-                                values.append(message.value())
-                partitions.append(values)
+                ranges = {p: watermarks(consumer, TopicPartition(topic, p))}
+                batches = read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0)
+                partitions.append([message.value() for batch in batches for message in batch])
             return partitions
         finally:
             consumer.close()
 
     def raw_consume_rate(self) -> tuple[float, int]:
         consumer = Consumer(
-            {
-                "bootstrap.servers": BOOTSTRAP,
-                "group.id": "bench-raw-consume",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "fetch.max.bytes": 64 << 20,
-                "log_level": 3,
-            }
+            consumer_config("bench-raw-consume", **{"enable.partition.eof": False, "fetch.max.bytes": 64 << 20})
         )
+        topic = self.topics.journal
         try:
             started = time.monotonic()
-            count = 0
-            remaining: dict[int, int] = {}  # partition -> end offset, all partitions read at once
-            assignment = []
-            for p in range(self.partitions):
-                low, high = watermarks(consumer, TopicPartition(self.topics.journal, p))
-                if high > low:
-                    remaining[p] = high
-                    assignment.append(TopicPartition(self.topics.journal, p, low))
-            consumer.assign(assignment)
-            while remaining:
-                for message in consume_ready(consumer, 5000, 1.0):
-                    p = message.partition()
-                    if message.error() is not None or p not in remaining or message.offset() >= remaining[p]:
-                        continue
-                    count += 1
-                    if message.offset() + 1 >= remaining[p]:
-                        del remaining[p]
+            # All partitions at once, each up to its end offset.
+            ranges = {p: watermarks(consumer, TopicPartition(topic, p)) for p in range(self.partitions)}
+            count = sum(len(batch) for batch in read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0))
             return count / (time.monotonic() - started), count
         finally:
             consumer.close()
@@ -560,22 +536,14 @@ class Bench:
         return size / extra, records / extra
 
     def read_range(self, topic: str, starts: list[int]) -> tuple[int, int]:
-        consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-changelog", "log_level": 3})
+        consumer = Consumer(consumer_config("bench-changelog"))
         try:
             size = records = 0
             for p, start in enumerate(starts):
                 _, high = watermarks(consumer, TopicPartition(topic, p))
-                if high <= start:
-                    continue
-                consumer.assign([TopicPartition(topic, p, start)])
-                position = start
-                while position < high:
-                    for message in consume_ready(consumer, 5000, 1.0):
-                        if message.error() is not None or message.offset() >= high:
-                            continue
-                        position = message.offset() + 1
-                        size += len(message.key() or b"") + len(message.value() or b"")
-                        records += 1
+                for batch in read_ranges(consumer, topic, {p: (start, high)}, max_messages=5000, poll_s=1.0):
+                    size += sum(len(message.key() or b"") + len(message.value() or b"") for message in batch)
+                    records += len(batch)
             return size, records
         finally:
             consumer.close()
@@ -603,6 +571,28 @@ class Bench:
         piped = self.throughput(n_throughput)
         self.add("sustained appends/s", f"{piped:,.0f} /s", f"raw pass-through {raw:,.0f} /s", _ratio(piped, raw, 0.10))
 
+        # Fencing's cost: the same build with transactions off (AGENTSTREAM_TRANSACTIONS=false), run
+        # alternately with it on, best of each (other work on a shared machine only slows a run).
+        print("[bench] 1b. throughput with transactions off and on, alternately", file=progress, flush=True)
+        rates: dict[bool, list[float]] = {True: [piped], False: []}
+        for transactions in (False, True, False, True):
+            self.restart_worker(transactions)
+            rates[transactions].append(self.throughput(n_throughput))
+        fenced, unfenced = max(rates[True]), max(rates[False])
+        self.add(
+            "sustained appends/s, transactions on",
+            f"{fenced:,.0f} /s",
+            f"transactions off {unfenced:,.0f} /s",
+            _ratio(fenced, unfenced, 0.85),
+        )
+        self.notes.append(
+            "transactions on: "
+            + ", ".join(f"{r:,.0f}" for r in rates[True])
+            + " /s; off: "
+            + ", ".join(f"{r:,.0f}" for r in rates[False])
+            + " /s (each run in order)"
+        )
+
         print(f"[bench] 2. latency at {latency_rate:.0f}/s for {latency_s:.0f}s", file=progress, flush=True)
         raw_lat = self.latency(self.raw_topics[0], self.raw_topics[1], latency_rate, latency_s)
         lat = self.latency(self.topics.appends, self.topics.journal, latency_rate, latency_s)
@@ -615,25 +605,24 @@ class Bench:
             f"latency: {len(lat)} probes, mean {statistics.fmean(lat):.1f} ms, max {max(lat):.1f} ms "
             f"(raw: mean {statistics.fmean(raw_lat):.1f} ms, max {max(raw_lat):.1f} ms)"
         )
-        if percentile(lat, 0.99) > 50:
-            # Above its capacity the latency is queueing time. Steady arrivals batch less than a
-            # backlog, so the capacity under paced load is lower than the sustained rate: find a
-            # load it keeps up with (p99 <= 50 ms), from half the sustained rate down.
-            for fraction in (0.5, 0.35, 0.25, 0.15):
-                rate = max(round(piped * fraction, -1), 10.0)
-                print(f"[bench] 2b. latency at {rate:.0f}/s ({fraction:.0%} of sustained)", file=progress, flush=True)
-                lat = self.latency(self.topics.appends, self.topics.journal, rate, min(latency_s, 8.0))
-                if percentile(lat, 0.99) <= 50:
-                    break
-            for name, q in (("p50", 0.5), ("p99", 0.99)):
-                value = percentile(lat, q)
-                verdict = f"{'PASS' if value <= 50 else 'FAIL'} (target <= 50 ms)" if name == "p99" else ""
-                self.add(
-                    f"append->journaled {name} @ {rate:.0f}/s",
-                    f"{value:.1f} ms",
-                    f"{fraction:.0%} of sustained",
-                    verdict,
-                )
+        # The fencing target: at half of what the worker sustains, p99 within 50 ms, with
+        # transactions (the default) and without them, measured the same way.
+        half = max(round(fenced / 2, -1), 10.0)
+        half_lat: dict[bool, list[float]] = {}
+        for transactions in (False, True):  # ends with transactions on, as the worker runs by default
+            self.restart_worker(transactions)
+            mode = "on" if transactions else "off"
+            print(f"[bench] 2b. latency at {half:.0f}/s (half of sustained), transactions {mode}", file=progress)
+            half_lat[transactions] = self.latency(self.topics.appends, self.topics.journal, half, latency_s)
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            value, base = percentile(half_lat[True], q), percentile(half_lat[False], q)
+            verdict = f"; {'PASS' if value <= 50 else 'FAIL'} (target <= 50 ms)" if name == "p99" else ""
+            self.add(
+                f"append->journaled {name} @ {half:.0f}/s (half of sustained)",
+                f"{value:.1f} ms",
+                f"transactions off {base:.1f} ms",
+                f"x{value / base:.1f}{verdict}",
+            )
         self.stop_passthrough()
 
         print(f"[bench] 4. changelog bytes per event at ~10 and ~{big_items} items", file=progress, flush=True)

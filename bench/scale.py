@@ -27,10 +27,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import orjson  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
 
 from schemas.events import CONTEXT_ADDED  # noqa: E402
-from tests.kafka_stack import BIN, BOOTSTRAP, Stack  # noqa: E402
+from tests.kafka_stack import BIN, BOOTSTRAP, RecordCounter, Stack  # noqa: E402
 
 ACTOR = {"type": "user", "origin": "cli"}
 
@@ -60,12 +60,7 @@ def produce_backlog(stack: Stack, appends: int) -> None:
 
 
 def journal_rate(stack: Stack, workers: int, appends: int, partitions: int) -> float:
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-scale", "log_level": 3})
-    topic = stack.client.topics.journal
-
-    def journaled() -> int:
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions))
-
+    journal = RecordCounter(stack.client.topics.journal, partitions)  # its watermarks count markers too
     processes = []
     for index in range(workers):
         data_dir = stack.settings.data_dir / f"w{index}"
@@ -81,7 +76,7 @@ def journal_rate(stack: Stack, workers: int, appends: int, partitions: int) -> f
         samples: list[tuple[float, int]] = []
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            count = journaled()
+            count = journal.total()
             samples.append((time.monotonic(), count))
             if count >= appends:
                 break
@@ -94,7 +89,7 @@ def journal_rate(stack: Stack, workers: int, appends: int, partitions: int) -> f
             process.terminate()
         for process in processes:
             process.wait(60)
-        consumer.close()
+        journal.close()
 
 
 def main() -> int:

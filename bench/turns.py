@@ -41,12 +41,12 @@ from confluent_kafka import Consumer, TopicPartition
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the test-support package (tests/)
 
 from pipeline.base_policy import TEXT as SYSTEM_PROMPT
-from pipeline.client import consume_ready, watermarks
+from pipeline.kafka.read import consume_ready, read_ranges, watermarks
 from processors import llm_outcomes
 from processors.render import CONTEXT_PROTOCOL
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
 from schemas.requests import Message
-from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
+from tests.kafka_stack import Stack, consumer_config, ensure_broker
 
 DEBOUNCE_MS = 250
 CPU_BLOCK = 50  # calls per block; the two ways alternate block by block
@@ -58,25 +58,12 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def read_all(topic: str) -> list[tuple[bytes, bytes, int]]:
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-turns", "log_level": 3})
+    consumer = Consumer(consumer_config("bench-turns"))
     try:
         metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        assignment, ends = [], {}
-        for p in metadata.partitions:
-            low, high = watermarks(consumer, TopicPartition(topic, p))
-            if high > low:
-                assignment.append(TopicPartition(topic, p, low))
-                ends[p] = high
-        consumer.assign(assignment)
-        records: list[tuple[bytes, bytes, int]] = []
-        done: set[int] = set()
-        while len(done) < len(ends):
-            for m in consume_ready(consumer, 5000, 1.0):
-                if m.error() is None:
-                    records.append((m.key(), m.value(), m.timestamp()[1]))
-                    if m.offset() + 1 >= ends[m.partition()]:
-                        done.add(m.partition())
-        return records
+        ranges = {p: watermarks(consumer, TopicPartition(topic, p)) for p in metadata.partitions}
+        batches = read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0)
+        return [(m.key(), m.value(), m.timestamp()[1]) for batch in batches for m in batch]
     finally:
         consumer.close()
 
@@ -85,7 +72,7 @@ class SettlementFollower:
     """Counts events and settlements per stream as they are journaled (one consumer, read incrementally)."""
 
     def __init__(self, topic: str, partitions: int) -> None:
-        self.consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "bench-follow", "log_level": 3})
+        self.consumer = Consumer(consumer_config("bench-follow"))
         self.consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         self.events: dict[str, int] = {}
         self.settled: dict[str, int] = {}

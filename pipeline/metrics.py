@@ -21,6 +21,10 @@ EVENTS_JOURNALED = Counter(
     "agentstream_events_journaled_total", "Events written to agent-journal, by event type.", ["type"]
 )
 DUPLICATES = Counter("agentstream_duplicate_appends_total", "Appends recognised as already journaled (no-ops).")
+FENCED = Counter(
+    "agentstream_fenced_total",
+    "Partitions this journal worker dropped because a newer owner fenced its transactional producer.",
+)
 DLQ_RECORDS = Counter("agentstream_dlq_records_total", "Commands sent to agent-dlq, by reason kind.", ["reason"])
 FOLD_SECONDS = Histogram(
     "agentstream_fold_seconds", "Time to validate, journal and fold one command into its projection.", buckets=_FAST

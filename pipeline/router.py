@@ -37,6 +37,7 @@ from faust.exceptions import Skip
 from prometheus_client import Counter, Histogram, start_http_server
 
 from pipeline.journal.worker import RAW, _credentials
+from pipeline.kafka.faust_committed import broker_url
 from pipeline.kafka.partitioner import partition_for
 from pipeline.settings import Settings
 from processors.reducer import epoch_ms
@@ -91,7 +92,9 @@ def build_app(settings: Settings) -> faust.App:
     datadir.mkdir(parents=True, exist_ok=True)  # Faust creates only the last level
     app = faust.App(
         settings.router_app_id,
-        broker=f"kafka://{settings.bootstrap_servers}",
+        # Journal records of aborted transactions (a fenced writer's) must never be routed: Faust's
+        # consumer reads committed records only (docs/architecture.md, "Fencing").
+        broker=broker_url(settings.bootstrap_servers),
         broker_credentials=_credentials(settings),
         store="memory://",  # small state, restored from its changelog on start
         datadir=str(datadir),
@@ -138,7 +141,9 @@ def build_app(settings: Settings) -> faust.App:
         if last is None:
             return  # the fan-out has not started this partition: it will consult the table itself
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
+            bootstrap_servers=settings.bootstrap_servers,
+            enable_auto_commit=False,
+            **settings.aiokafka_consumer_config(),
         )
         await consumer.start()
         try:
@@ -149,11 +154,11 @@ def build_app(settings: Settings) -> faust.App:
             if start is None or start.offset > last:
                 return
             consumer.seek(tp, start.offset)
-            key, routes, position = source.encode(), {agent: route}, start.offset
-            while position <= last:
+            key, routes = source.encode(), {agent: route}
+            # By position: records of aborted transactions, which this consumer skips, move only it.
+            while await consumer.position(tp) <= last:
                 batch = (await consumer.getmany(tp, timeout_ms=1000, max_records=1000)).get(tp, [])
                 for message in batch:
-                    position = message.offset + 1
                     if message.offset > last or message.key != key:
                         continue
                     record = orjson.loads(message.value)

@@ -57,6 +57,14 @@ class Settings(BaseModel):
         float,
         Field(ge=6, description="Consumer session timeout: how soon a dead worker's partitions move (broker min 6 s)."),
     ] = 10.0
+    transactions: Annotated[
+        bool,
+        Field(
+            description="Journal worker: write each partition's records in Kafka transactions, so a worker that lost "
+            'its partitions (paused, cut off) is fenced and writes nothing more (docs/architecture.md, "Fencing"). '
+            "Turn off only to measure their cost or on a broker without transactions.",
+        ),
+    ] = True
     worker_instance_id: Annotated[
         str | None,
         Field(
@@ -264,6 +272,11 @@ class Settings(BaseModel):
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)
 
+    def journal_transactional_id(self, partition: int) -> str:
+        """The transactional id of the journal worker's producer for `partition`: the same in every
+        process of the application, so the partition's next owner fences the last one."""
+        return f"{self.app_id}-journal-{partition}"
+
     def aiokafka_config(self) -> dict[str, Any]:
         """aiokafka connection settings (security only; bootstrap servers are passed separately)."""
         options: dict[str, Any] = {"security_protocol": self.security_protocol}
@@ -277,6 +290,14 @@ class Settings(BaseModel):
             options["ssl_context"] = ssl.create_default_context(cafile=self.ssl_cafile)
         return options
 
+    def aiokafka_consumer_config(self) -> dict[str, Any]:
+        """aiokafka consumer settings: `aiokafka_config()` reading committed records only.
+
+        The journal worker writes in Kafka transactions (docs/architecture.md, "Fencing"); aiokafka
+        reads `read_uncommitted` by default, which would hand out the records of aborted ones.
+        """
+        return {**self.aiokafka_config(), "isolation_level": "read_committed"}
+
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka (confluent-kafka) connection settings."""
         config = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol}
@@ -289,6 +310,14 @@ class Settings(BaseModel):
         if self.ssl_cafile:
             config["ssl.ca.location"] = self.ssl_cafile
         return config
+
+    def kafka_consumer_config(self) -> dict[str, str]:
+        """librdkafka consumer settings: `kafka_client_config()` reading committed records only.
+
+        librdkafka's default already, stated because the journal worker writes in Kafka transactions
+        (docs/architecture.md, "Fencing"). Producers take `kafka_client_config()`.
+        """
+        return {**self.kafka_client_config(), "isolation.level": "read_committed"}
 
 
 def _json_or_text(raw: str) -> object:

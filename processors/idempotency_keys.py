@@ -122,6 +122,21 @@ def script_run_settled_key(execution_id: str) -> str:
     return f"capability-host/script-run-settled@{execution_id}"
 
 
+_OWN_CALL_PREFIX = "capability-host/"
+_OWN_CALL_SUFFIX = "/call-"
+
+
+def own_script_call_execution(key: str | None) -> str | None:
+    """The execution whose call into its own stream `key` names (`script_call_key` with the target
+    the source), else None. The journal accepts such a call only while that run is unsettled."""
+    if key is None or not key.startswith(_OWN_CALL_PREFIX) or key.startswith(_OWN_CALL_PREFIX + "from"):
+        return None
+    execution, separator, call = key[len(_OWN_CALL_PREFIX) :].rpartition(_OWN_CALL_SUFFIX)
+    if not separator or not execution or not call.isdigit():
+        return None
+    return execution
+
+
 def script_call_key(source: str, execution_id: str, call: int, target: str) -> str:
     """A script's `call`-th append through a granted function. Keys are per stream, and execution
     ids are only unique within their agent's stream, so a key in another stream names the source too."""

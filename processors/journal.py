@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from processors import dedupe, row_codec, rows
+from processors import dedupe, idempotency_keys, row_codec, rows
 from processors.dedupe import RowReader
 from processors.reducer import epoch_ms, fold
 from processors.state import AgentState, SourceOffsets
@@ -87,6 +87,14 @@ def journal_command(
                 f"idempotency key {key!r} already names a different event at @{offset}; "
                 "an idempotency key names one exact event forever: use a new key for a new body"
             )
+    execution = idempotency_keys.own_script_call_execution(key)
+    if execution is not None and execution not in state.scripts:
+        # A host that stalled past its session may wake in a run another host has already settled
+        # (as crashed): its later calls must not land after the settlement.
+        return Rejected(
+            f"script run {execution!r} is not running in {path} (settled, or never requested): "
+            "a script's calls are accepted only until its run is settled"
+        )
     envelope: dict[str, Any] = {
         "streamPath": path,
         "offset": state.cursor + 1,

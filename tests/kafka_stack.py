@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,10 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.client import Client, consume_ready, watermarks
+from pipeline.client import Client
+from pipeline.kafka.read import read_ranges, watermarks
 from pipeline.settings import Settings
 from topics.admin import ensure_topics
 from topics.names import topic_specs
@@ -31,6 +33,61 @@ BIN = Path(sys.executable).parent
 BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS") or (
     f"127.0.0.1:{os.environ.get('AGENTSTREAM_KAFKA_PORT', '19092')}"  # the local broker (scripts/kafka)
 )
+
+
+def consumer_config(group: str, **config: Any) -> dict[str, Any]:
+    """A librdkafka consumer of the local broker reading committed records only, as every reader does."""
+    settings = Settings(bootstrap_servers=BOOTSTRAP)
+    return {
+        **settings.kafka_consumer_config(),
+        "group.id": group,
+        "enable.auto.commit": False,
+        "log_level": 3,
+        **config,
+    }
+
+
+class RecordCounter:
+    """How many records a topic holds, counted by reading it from its start (incrementally).
+
+    A sum of high watermarks overcounts once records are written in transactions: their commit
+    markers take offsets too (docs/architecture.md, "Fencing").
+    """
+
+    def __init__(self, topic: str, partitions: int) -> None:
+        self.consumer = Consumer(consumer_config(f"test-counter-{uuid.uuid4().hex[:8]}", **{"fetch.wait.max.ms": 10}))
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        self.count = 0
+
+    def total(self) -> int:
+        """Records read so far, once what has arrived is read too."""
+        while messages := self.consumer.consume(10_000, timeout=0):
+            self.count += sum(message.error() is None for message in messages)
+        return self.count
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def read_committed(topic: str, timeout: float = 60.0) -> list[Any]:
+    """Every committed record of every partition of `topic` up to its end as of the call, in
+    partition order. Raises AssertionError if a partition is not read to its end within `timeout`:
+    a test never works on a silently partial topic."""
+    consumer = Consumer(consumer_config(f"test-reader-{uuid.uuid4().hex[:8]}"))
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ranges = {p: watermarks(consumer, TopicPartition(topic, p)) for p in partitions}
+        records = [message for batch in read_ranges(consumer, topic, ranges, timeout=timeout) for message in batch]
+        behind = [
+            f"[{tp.partition}] at {tp.offset} of {ranges[tp.partition][1]}"
+            for tp in consumer.position([TopicPartition(topic, p) for p, (low, high) in ranges.items() if high > low])
+            if tp.offset < ranges[tp.partition][1]
+        ]
+        if behind:
+            raise AssertionError(f"{topic}: not read to its committed end within {timeout:g}s: {', '.join(behind)}")
+        return sorted(records, key=lambda message: (message.partition(), message.offset()))
+    finally:
+        consumer.close()
 
 
 def ensure_broker() -> None:
@@ -97,16 +154,24 @@ class Stack:
         host: subprocess.Popen[bytes] | None = getattr(self, "capabilities", None)
         assert host is None or host.poll() is not None
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        log = (self.settings.data_dir / "capabilities.log").open("ab")
+        self.capabilities = subprocess.Popen(
+            [str(BIN / "agentstream"), "worker", "capabilities"],
+            env=self.capabilities_env(**config),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        return self.capabilities
+
+    def capabilities_env(self, **config: Any) -> dict[str, str]:
+        """The environment of a capability host of this stack: its hosts' one consumer group, no
+        metrics port, and `config` as HostConfig fields (AGENTSTREAM_CAPABILITIES_<NAME>)."""
         env = self.env()
         env["AGENTSTREAM_CAPABILITIES_GROUP"] = f"{self.settings.app_id}-capabilities"
         env["AGENTSTREAM_CAPABILITIES_METRICS_PORT"] = "0"
         for name, value in config.items():
             env[f"AGENTSTREAM_CAPABILITIES_{name.upper()}"] = str(value)
-        log = (self.settings.data_dir / "capabilities.log").open("ab")
-        self.capabilities = subprocess.Popen(
-            [str(BIN / "agentstream"), "worker", "capabilities"], env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-        return self.capabilities
+        return env
 
     def stop_capabilities(self, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
         _stop(getattr(self, "capabilities", None), sig, timeout)
@@ -144,33 +209,8 @@ class Stack:
         producer.flush(10)
 
     def read_topic(self, topic: str, timeout: float = 10.0) -> list[Any]:
-        """Every record of a topic (all partitions) up to its current end."""
-        consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "test-reader", "log_level": 3})
-        try:
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            ends = {}
-            assignment = []
-            for p in partitions:
-                low, high = watermarks(consumer, TopicPartition(topic, p))
-                if high > low:
-                    ends[p] = high
-                    assignment.append(TopicPartition(topic, p, low))
-            if not assignment:
-                return []
-            consumer.assign(assignment)
-            records: list[Any] = []
-            deadline = time.monotonic() + timeout
-            done: set[int] = set()
-            while len(done) < len(ends) and time.monotonic() < deadline:
-                for message in consume_ready(consumer, 1000, 0.5):
-                    if message.error() is not None:
-                        continue
-                    records.append(message)
-                    if message.offset() + 1 >= ends[message.partition()]:
-                        done.add(message.partition())
-            return records
-        finally:
-            consumer.close()
+        """Every committed record of a topic (all partitions) up to its current end."""
+        return read_committed(topic, timeout)
 
     def close(self) -> None:
         for client in (self._client, self._internal_client):
@@ -186,6 +226,68 @@ class Stack:
         for future in futures.values():
             with contextlib.suppress(Exception):  # best effort: the changelog may not exist
                 future.result()
+
+
+OWNED = {
+    # The partitions a worker took, as its log says (cumulative over the log).
+    "journal": re.compile(r"partition (\d+): reading commands"),
+    "caller": re.compile(r"assigned (\[.*\])"),  # assigned ['<topic>[0]', '<topic>[2]']
+    "capabilities": re.compile(r"assigned (\[.*\])"),
+}
+
+
+class Worker:
+    """One more worker process of the stack's group (`agentstream worker <kind>`: journal, caller
+    or capabilities), with its own data directory, log and static member id; `env`: the process's
+    environment (default: the stack's)."""
+
+    def __init__(
+        self, stack: Stack, index: int, root: Path, kind: str = "journal", env: dict[str, str] | None = None
+    ) -> None:
+        self.kind = kind
+        self.data_dir = root / (f"w{index}" if kind == "journal" else f"{kind}{index}")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.data_dir / f"{'worker' if kind == 'journal' else kind}.log"
+        env = dict(stack.env() if env is None else env)
+        env["AGENTSTREAM_DATA_DIR"] = str(self.data_dir)
+        env["AGENTSTREAM_WORKER_INSTANCE_ID"] = f"{stack.settings.app_id}-{index}"
+        self.process = subprocess.Popen(
+            [str(BIN / "agentstream"), "worker", kind],
+            env=env,
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def log(self, since: int = 0) -> str:
+        """The log from byte `since` on (see `log_size`)."""
+        if not self.log_path.exists():
+            return ""
+        with self.log_path.open("rb") as log:
+            log.seek(since)
+            return log.read().decode(errors="replace")
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def owned(self, since: int = 0) -> set[int]:
+        """Every partition this worker took (journal: began reading commands for), as its log says
+        from byte `since` on."""
+        found = OWNED[self.kind].findall(self.log(since))
+        if self.kind == "journal":
+            return {int(p) for p in found}
+        return {int(p) for listed in found for p in re.findall(r"\[(\d+)\]'", listed)}
+
+    def pause(self) -> None:
+        """SIGSTOP: the process, its heartbeats and librdkafka's threads stop where they are."""
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.process.send_signal(signal.SIGCONT)
+
+    def stop(self, sig: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a stopped process acts on no other signal
+            _stop(self.process, sig, 60)
 
 
 def _stop(process: subprocess.Popen[bytes] | None, sig: int, timeout: float) -> None:

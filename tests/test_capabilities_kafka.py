@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from pipeline.client import Agent, AppendRejected, watermarks
+from pipeline.client import Agent, AppendRejected
+from pipeline.kafka.read import watermarks
 from processors.reducer import epoch_ms, fold_all
 from processors.render import render_cell, turn_json
 from processors.scheduler import breaker_reason

@@ -14,7 +14,7 @@ from pipeline.client import AppendRejected
 from pipeline.journal.engine import H_REASON
 from pipeline.journal.replay import live_store_paths, replay, verify
 from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED, STREAM_ERROR_OCCURRED
-from tests.kafka_stack import Stack, ensure_broker
+from tests.kafka_stack import Stack, ensure_broker, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -115,7 +115,16 @@ def test_bad_input_goes_to_the_dlq_with_its_reason_and_the_partition_keeps_going
     misrouted = orjson.dumps({"streamPath": path, "type": CONTEXT_ADDED, "payload": {"role": "user", "content": "x"}})
     stack.produce_raw(misrouted, key=b"/agents/someone-else")
     assert stream.append(user("after")).wait(timeout=60) == 2
-    dlq = stack.read_topic(stack.client.topics.dlq)  # one partition per key: in produce order
+    # The misrouted command sits on another partition, whose writer commits on its own schedule.
+    dlq = wait_until(
+        lambda: (
+            (records := stack.read_topic(stack.client.topics.dlq))
+            and any(m.key() == b"/agents/someone-else" for m in records)
+            and records
+        ),
+        60,
+        "the misrouted command in agent-dlq",
+    )  # one partition per key: in produce order
     misrouted_records = [m for m in dlq if m.key() == b"/agents/someone-else"]
     assert len(misrouted_records) == 1 and b"not the streamPath" in dict(misrouted_records[0].headers())[H_REASON]
     dlq = [m for m in dlq if m.key() != b"/agents/someone-else"]

@@ -36,14 +36,13 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from pipeline.client import AppendTimeout, Receipt, watermarks
+from pipeline.client import AppendTimeout, Receipt
 from pipeline.journal.engine import H_APPEND_ID
 from pipeline.journal.replay import live_store_paths, replay, verify
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, ensure_broker, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -87,17 +86,19 @@ def filler(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(PAD))
 
 
-def journal_size(stack: Stack) -> int:
-    """Records in agent-journal (sum of high watermarks; the topic is never compacted or trimmed)."""
-    consumer = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": "kill-test", "log_level": 3})
+@pytest.fixture
+def journal(stack: Stack) -> Iterator[RecordCounter]:
+    """Counts agent-journal's records as they are read (its watermarks count transaction markers too)."""
+    counter = RecordCounter(stack.client.topics.journal, PARTITIONS)
     try:
-        topic = stack.client.topics.journal
-        return sum(watermarks(consumer, TopicPartition(topic, p))[1] for p in range(PARTITIONS))
+        yield counter
     finally:
-        consumer.close()
+        counter.close()
 
 
-def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live(stack: Stack, tmp_path: Path) -> None:
+def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live(
+    stack: Stack, journal: RecordCounter, tmp_path: Path
+) -> None:
     rng = random.Random(SEED)
     client = stack.client  # its result follower starts now, before any append
     paths = [f"/kill/s{i:02d}" for i in range(STREAMS)]
@@ -137,9 +138,9 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
     producer.start()
     kills: list[str] = []
     for delay, pause in zip(delays, pauses, strict=True):
-        base = journal_size(stack)
+        base = journal.total()
         deadline = time.monotonic() + 60
-        while journal_size(stack) == base and producer.is_alive() and time.monotonic() < deadline:
+        while journal.total() == base and producer.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         if not producer.is_alive():
             break  # every kill lands while the producer is sending
@@ -147,7 +148,7 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
         assert stack.worker is not None
         exit_code = stack.worker.poll()
         assert exit_code is None, f"the worker died on its own (exit {exit_code}):\n{stack.worker_log()[-5000:]}"
-        size = journal_size(stack)
+        size = journal.total()
         stack.stop_worker(signal.SIGKILL)
         kills.append(f"{time.monotonic() - started:.1f}s (journal {size}, pause {pause:.2f}s)")
         time.sleep(pause)
@@ -160,7 +161,7 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
     context_of_run = f"seed {SEED}; kills at " + ", ".join(kills)
 
     # The real check is the journal: wait until it holds every append, then read all of it.
-    wait_until(lambda: journal_size(stack) >= APPENDS, timeout=300, what=f"{APPENDS} journal records", interval=0.5)
+    wait_until(lambda: journal.total() >= APPENDS, timeout=300, what=f"{APPENDS} journal records", interval=0.5)
     drained_s = time.monotonic() - started
     time.sleep(1)  # anything journaled twice would show up now
     assert stack.worker is not None and stack.worker.poll() is None, stack.worker_log()[-5000:]

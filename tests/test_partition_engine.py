@@ -1,21 +1,23 @@
 """The journal writer's commit protocol without a broker (docs/architecture.md, "Commit protocol").
 
-A `PartitionEngine` is driven with a dict-backed row table and a producer whose deliveries the
-test resolves or fails, so each step's order and each failure mode is checked exactly:
-rows never run ahead of the journal, a command is done only once its outcome is delivered, a
-failed delivery is fatal, a revoked partition produces nothing, and nothing a command holds stops
-the partition.
+A `PartitionEngine` is driven with a dict-backed row store and an in-memory transactional producer
+(`tests/support/journal_fakes.py`) that can fail or be fenced at any step, so each step's order
+and each failure mode is checked exactly: nothing of a checkpoint is visible before its commit,
+the rows are stored only after it, a fenced partition is dropped without writing anything more,
+any other failure is fatal with the store untouched, and nothing a command holds stops the
+partition.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 
+from pipeline import metrics
+from pipeline.journal.checkpoint import Checkpoint, Status, changelog_order
 from pipeline.journal.engine import (
     H_REASON,
     H_SOURCE_OFFSET,
@@ -24,10 +26,10 @@ from pipeline.journal.engine import (
     CommandPositions,
     CommandRecord,
     PartitionEngine,
-    changelog_order,
     script_run_record,
 )
-from processors import rows
+from pipeline.kafka.producer import Fenced
+from processors import row_codec, rows
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED
 from schemas.events import (
     AGENT_CREATED,
@@ -37,105 +39,28 @@ from schemas.events import (
     STREAM_ERROR_OCCURRED,
     TOKEN_USAGE_REPORTED,
 )
+from tests.support.journal_fakes import DictStore, FakeTransactions
 from topics.names import topic_names
 
 NAMES = topic_names("t-")
 PATH = "/agents/a"
-
-
-class DictRows:
-    """The RowTable contract over a dict; `flush` stores what was put (no changelog here)."""
-
-    def __init__(self) -> None:
-        self.stored: dict[bytes, bytes] = {}
-        self.buffer: dict[bytes, bytes | None] = {}
-        self.flushes = 0
-
-    def get(self, key: bytes) -> bytes | None:
-        if key in self.buffer:
-            return self.buffer[key]
-        return self.stored.get(key)
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        merged: dict[bytes, bytes | None] = {k: v for k, v in self.stored.items() if k.startswith(prefix)}
-        merged.update((k, v) for k, v in self.buffer.items() if k.startswith(prefix))
-        for key in sorted(merged):
-            value = merged[key]
-            if value is not None:
-                yield key, value
-
-    def put(self, key: bytes, value: bytes | None) -> None:
-        self.buffer[key] = value
-
-    async def flush(self) -> None:
-        for key, value in self.buffer.items():
-            if value is None:
-                self.stored.pop(key, None)
-            else:
-                self.stored[key] = value
-        self.buffer.clear()
-        self.flushes += 1
-
-
-class FakeMessage:
-    def __init__(self, offset: int) -> None:
-        self._offset = offset
-
-    def offset(self) -> int:
-        return self._offset
-
-
-class FakeError:
-    def str(self) -> str:
-        return "broker unreachable"
-
-
-class Record:
-    def __init__(self, topic: str, value: bytes, headers: dict[str, bytes], on_delivery: Any) -> None:
-        self.topic, self.value, self.headers, self.on_delivery = topic, value, headers, on_delivery
-        self.settled = False
-
-
-class FakeKafka:
-    """Records every produced record; deliveries stay pending until the test settles them."""
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-        self.offsets: dict[str, int] = {}
-
-    def send(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], on_delivery: Any
-    ) -> None:
-        self.records.append(Record(topic, value, dict(headers), on_delivery))
-
-    def on(self, topic: str) -> list[Record]:
-        return [record for record in self.records if record.topic == topic]
-
-    def settle(self, record: Record, error: Any = None) -> None:
-        assert not record.settled
-        record.settled = True
-        offset = self.offsets.get(record.topic, 0)
-        self.offsets[record.topic] = offset + 1
-        if record.on_delivery is not None:
-            record.on_delivery(error, None if error is not None else FakeMessage(offset))
-
-    def deliver(self, topic: str | None = None) -> int:
-        pending = [r for r in self.records if not r.settled and (topic is None or r.topic == topic)]
-        for record in pending:
-            self.settle(record)
-        return len(pending)
-
-    def fail(self, topic: str, index: int) -> None:
-        self.settle(self.on(topic)[index], FakeError())
+POSITIONS = (rows.POSITION + rows.SEP, rows.COMMAND_POSITIONS + rows.SEP)
 
 
 class Harness:
     def __init__(self, engine_class: type[PartitionEngine] = PartitionEngine) -> None:
-        self.kafka = FakeKafka()
-        self.table = DictRows()
+        self.kafka = FakeTransactions()
+        self.table = DictStore()
         self.fatal: list[BaseException] = []
+        self.dropped: list[int] = []
         self.engine = engine_class(
-            0, self.table, NAMES, self.kafka.send, max_cached_streams=100, fatal=self.fatal.append
+            0,
+            self.table,
+            NAMES,
+            self.kafka,
+            max_cached_streams=100,
+            fatal=self.fatal.append,
+            on_fenced=lambda engine, _error: self.dropped.append(engine.partition),
         )
         self.offsets = {False: 0, True: 0}
 
@@ -150,12 +75,8 @@ class Harness:
         await self.engine.handle_batch(commands)
 
     async def settle(self) -> None:
-        """Deliver everything, repeatedly (follow-up records are produced after deliveries)."""
-        for _ in range(10):
-            self.kafka.deliver()
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
-        await self.engine.drain(wait=False)
+        """Commit everything decided so far."""
+        await self.engine.flush()
 
 
 def user(text: str, **extra: Any) -> dict[str, Any]:
@@ -166,84 +87,175 @@ def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
-def test_rows_are_stored_only_after_the_journal_record_is_acknowledged() -> None:
+def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() -> None:
     async def scenario() -> None:
         h = Harness()
+        h.engine.open.put(b"x", b"y")  # the test decides when the committer runs: nothing is pending
+        await h.engine.flush()
+        commit = asyncio.Event()
+        real_commit = h.kafka.commit
+
+        async def held() -> None:
+            await commit.wait()
+            await real_commit()
+
+        h.kafka.commit = held  # type: ignore[method-assign]
         await h.handle(h.command(user("hi", appendId="x1")))
-        assert len(h.kafka.on(NAMES.journal)) == 1
-        assert rows.meta_key(PATH) not in h.table.stored  # not before the journal has it
-        assert h.kafka.on(NAMES.results) == []  # no outcome for an event the journal may lose
-        assert h.engine.read(rows.meta_key(PATH)) is not None  # but reads see the rows in flight
-        h.kafka.deliver(NAMES.journal)
-        await asyncio.sleep(0)
-        await h.engine.drain(wait=False)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert h.kafka.committed[-1].topic == DictStore.changelog_topic  # only the first checkpoint
+        assert h.kafka.on(NAMES.journal) == [] and h.kafka.on(NAMES.results) == []
+        assert rows.meta_key(PATH) not in h.table.stored  # not before the transaction commits
+        assert h.engine.read(rows.meta_key(PATH)) is not None  # but reads see the rows being committed
+        commit.set()
+        await h.settle()
         assert rows.meta_key(PATH) in h.table.stored
-        assert rows.position_key(0) in h.table.stored  # the journal position, in the same flush
-        result = h.kafka.on(NAMES.results)[0].value
-        assert orjson.loads(result) == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
+        assert len(h.kafka.on(NAMES.journal)) == 1
+        (result,) = h.kafka.on(NAMES.results)
+        assert orjson.loads(result.value) == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
+        assert h.table.changelog_offset == h.kafka.on(DictStore.changelog_topic)[-1].offset
 
     run(scenario())
 
 
-def test_a_command_is_done_only_once_its_outcome_is_delivered() -> None:
+def test_5_2_a_checkpoint_is_one_transaction_journal_first_then_follow_ups_then_rows_positions_last() -> None:
     async def scenario() -> None:
         h = Harness()
-        await h.handle(h.command(user("one", appendId="x1")), h.command(user("two")))
-        h.kafka.deliver(NAMES.journal)
-        await asyncio.sleep(0)
-        await h.engine.drain(wait=False)
-        # "two" has no outcome to publish, but "one" comes first: the position waits for it.
-        assert h.engine.positions.done[False] == -1
-        h.kafka.deliver(NAMES.results)
-        await asyncio.sleep(0)
-        assert h.engine.positions.done[False] == 1
-        await h.engine.drain(wait=False)  # the next store records it, with the rows
-        stored = CommandPositions.decode(h.table.stored.get(rows.command_positions_key(0)))
-        assert stored.done == {False: 1, True: -1}
+        await h.handle(h.command(user("one", appendId="x1")), h.command(user("two", appendId="x2")))
+        await h.settle()
+        assert h.kafka.transactions == 1
+        topics = [record.topic for record in h.kafka.committed]
+        journal_at = [i for i, t in enumerate(topics) if t == NAMES.journal]
+        results_at = [i for i, t in enumerate(topics) if t == NAMES.results]
+        changelog_at = [i for i, t in enumerate(topics) if t == DictStore.changelog_topic]
+        assert max(journal_at) < min(results_at) and max(results_at) < min(changelog_at)
+        assert h.kafka.steps[:4] == ["begin", "send", "send", "barrier"]  # both journal records, then wait
+        keys = [record.key for record in h.kafka.on(DictStore.changelog_topic)]
+        assert keys[-1] == rows.command_positions_key(0)  # the positions claim everything before them
+        assert keys.index(rows.meta_key(PATH)) > max(
+            i for i, key in enumerate(keys) if key.startswith(rows.items_prefix(PATH))
+        )
 
     run(scenario())
 
 
-def test_a_failed_journal_delivery_in_the_middle_is_fatal_and_stores_nothing_after_it() -> None:
+def test_5_2_the_command_positions_are_committed_with_the_commands_rows() -> None:
     async def scenario() -> None:
         h = Harness()
-        await h.handle(h.command(user("one")), h.command(user("two")), h.command(user("three")))
-        journal = h.kafka.on(NAMES.journal)
-        h.kafka.settle(journal[0])
-        h.kafka.fail(NAMES.journal, 1)
-        h.kafka.settle(journal[2])
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert h.fatal and "journal record not delivered: broker unreachable" in str(h.fatal[0])
-        stored = h.table.stored.get(rows.meta_key(PATH))
-        cursor = 0 if stored is None else orjson.loads(stored)["cursor"]
-        assert cursor <= 1  # nothing past the failed record reached the store
-        assert h.engine.positions.done[False] <= 0
+        await h.handle(h.command(user("one")), h.command(user("two")), h.command(user("in"), internal=True))
+        await h.settle()
+        assert h.engine.positions.done == {False: 1, True: 0}
+        stored = CommandPositions.decode(h.table.stored[rows.command_positions_key(0)])
+        assert stored.done == {False: 1, True: 0}
+        await h.handle(h.command(user("three")))
+        await h.settle()
+        stored = CommandPositions.decode(h.table.stored[rows.command_positions_key(0)])
+        assert stored.done == {False: 2, True: 0}  # a topic the checkpoint did not read keeps its position
 
     run(scenario())
 
 
-def test_a_failed_outcome_delivery_is_fatal_and_the_command_is_not_done() -> None:
+def test_5_2_the_journal_position_stored_never_passes_the_rows_it_covers() -> None:
+    """`p` is a journal offset whose rows are stored: the last one acknowledged before the rows."""
+
     async def scenario() -> None:
         h = Harness()
+        for text in ("one", "two", "three"):
+            await h.handle(h.command(user(text)))
+            await h.settle()
+            position = h.table.stored.get(rows.position_key(0))
+            if position is not None:
+                cursor = orjson.loads(h.table.stored[rows.meta_key(PATH)])["cursor"]
+                assert row_codec.decode_offset(position) <= cursor - 1  # journal offsets count from 0
+        assert row_codec.decode_offset(h.table.stored[rows.position_key(0)]) == 1
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("step", ["begin", "send", "barrier", "commit"])
+def test_5_2_a_fenced_partition_is_dropped_at_once_and_writes_nothing(step: str) -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("zero")))
+        await h.settle()
+        stored = dict(h.table.stored)
+        committed = len(h.kafka.committed)
+        fenced_before = metrics.FENCED._value.get()
+        h.kafka.fail_next[step] = Fenced("producer fenced by a newer epoch")
         await h.handle(h.command(user("one", appendId="x1")))
-        h.kafka.deliver(NAMES.journal)
-        await asyncio.sleep(0)
-        await h.engine.drain(wait=False)
-        h.kafka.fail(NAMES.results, 0)
-        await asyncio.sleep(0)
-        assert h.fatal
-        assert h.engine.positions.done[False] == -1  # read again after the restart: outcome republished
+        await h.settle()
+        assert h.dropped == [0] and not h.fatal  # the worker keeps its other partitions
+        assert h.engine.fenced is not None and not h.engine.active
+        assert metrics.FENCED._value.get() == fenced_before + 1
+        assert len(h.kafka.committed) == committed and h.table.stored == stored
+        await h.handle(h.command(user("late")))  # read before the reader let go: decided no more
+        await h.settle()
+        assert len(h.kafka.committed) == committed and h.kafka.steps.count("begin") == 2
 
     run(scenario())
 
 
-def test_a_revoked_partition_produces_nothing_more() -> None:
+@pytest.mark.parametrize("step", ["begin", "send", "barrier", "commit"])
+def test_5_2_any_other_failure_is_fatal_and_leaves_the_store_and_positions_untouched(step: str) -> None:
+    async def scenario() -> None:
+        h = Harness()
+        await h.handle(h.command(user("zero")))
+        await h.settle()
+        stored = dict(h.table.stored)
+        h.kafka.fail_next[step] = RuntimeError("broker unreachable")
+        await h.handle(h.command(user("one", appendId="x1")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert h.fatal and "broker unreachable" in str(h.fatal[0])
+        assert h.table.stored == stored and h.engine.positions.done[False] == 0
+        assert h.kafka.on(NAMES.results) == [] and len(h.kafka.on(NAMES.journal)) == 1
+
+    run(scenario())
+
+
+def test_a_checkpoint_is_used_once() -> None:
+    async def scenario() -> None:
+        checkpoint = Checkpoint(0)
+        checkpoint.put(b"k", b"v")
+        await checkpoint.commit(FakeTransactions(), DictStore(), NAMES.journal, {False: -1, True: -1}, -1)
+        assert checkpoint.status is Status.COMMITTED
+        with pytest.raises(RuntimeError, match="committed, not open"):
+            checkpoint.put(b"k", b"w")
+
+    run(scenario())
+
+
+def test_the_next_batch_is_decided_while_a_checkpoint_commits() -> None:
+    async def scenario() -> None:
+        h = Harness()
+        release = asyncio.Event()
+        real_commit = h.kafka.commit
+
+        async def slow() -> None:
+            await release.wait()
+            await real_commit()
+
+        h.kafka.commit = slow  # type: ignore[method-assign]
+        await h.handle(h.command(user("one")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert h.engine.committing is not None
+        await h.handle(h.command(user("two")))  # decided on top of the rows being committed
+        release.set()
+        await h.settle()
+        assert [orjson.loads(r.value)["offset"] for r in h.kafka.on(NAMES.journal)] == [1, 2]
+        assert h.kafka.transactions == 2
+
+    run(scenario())
+
+
+def test_a_revoked_partition_decides_nothing_more() -> None:
     async def scenario() -> None:
         h = Harness()
         h.engine.active = False
         await h.handle(h.command(user("late")))
-        assert h.kafka.records == []
+        await h.settle()
+        assert h.kafka.on(NAMES.journal) == []
 
     run(scenario())
 
@@ -264,10 +276,10 @@ def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_
 
 
 class Exploding(PartitionEngine):
-    def _after_fold(self, entry: Any, event: Any, in_flight: Any) -> None:
+    def _after_fold(self, entry: Any, event: Any, handled: Any) -> None:
         if getattr(event.payload, "content", "") == "boom":
             raise RuntimeError("boom")
-        super()._after_fold(entry, event, in_flight)
+        super()._after_fold(entry, event, handled)
 
 
 def test_nothing_a_command_holds_stops_the_partition() -> None:
@@ -322,25 +334,9 @@ def test_source_offsets_are_per_command_topic() -> None:
     run(scenario())
 
 
-@pytest.mark.parametrize("order", [[0, 1, 2], [2, 1, 0], [1, 2, 0], [0, 2, 1]])
-def test_command_positions_are_the_end_of_the_done_prefix(order: list[int]) -> None:
-    positions = CommandPositions()
-    for offset in (10, 11, 12):
-        positions.arrived(False, offset)
-    expected = -1
-    finished: set[int] = set()
-    for index in order:
-        positions.finished(False, 10 + index)
-        finished.add(index)
-        while expected + 1 - 10 in finished or (expected == -1 and 0 in finished):
-            expected = 10 if expected == -1 else expected + 1
-        assert positions.done[False] == expected
-    assert positions.done == {False: 12, True: -1}
-
-
 def restarted(h: Harness) -> PartitionEngine:
     """A new engine on the same stored rows: what a restarted worker holds (nothing in memory)."""
-    return PartitionEngine(0, h.table, NAMES, h.kafka.send, max_cached_streams=100, fatal=h.fatal.append)
+    return PartitionEngine(0, h.table, NAMES, h.kafka, max_cached_streams=100, fatal=h.fatal.append)
 
 
 def llm_requests(h: Harness) -> list[dict[str, Any]]:
@@ -475,18 +471,18 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
     run(scenario())
 
 
-class BurstRows(DictRows):
-    """Stores each flush whole, and keeps every burst in its changelog order, so a test can
-    restore what a worker killed mid-burst leaves: the stored rows before it plus any prefix."""
+class BurstRows(DictStore):
+    """Keeps every checkpoint's rows in their changelog order, so a test can restore what a worker
+    without transactions (`AGENTSTREAM_TRANSACTIONS=false`) killed mid-checkpoint leaves: the
+    stored rows before it plus any prefix."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bursts: list[tuple[dict[bytes, bytes], list[tuple[bytes, bytes | None]]]] = []
 
-    async def flush(self) -> None:
-        before = dict(self.stored)
-        self.bursts.append((before, changelog_order(self.buffer)))
-        await super().flush()
+    def write(self, rows: dict[bytes, bytes | None], changelog_offset: int) -> None:
+        self.bursts.append((dict(self.stored), changelog_order(rows)))
+        super().write(rows, changelog_offset)
 
 
 def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() -> None:
@@ -499,7 +495,7 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
     async def scenario() -> None:
         h = Harness()
         h.table = table = BurstRows()
-        h.engine = PartitionEngine(0, table, NAMES, h.kafka.send, max_cached_streams=100, fatal=h.fatal.append)
+        h.engine = PartitionEngine(0, table, NAMES, h.kafka, max_cached_streams=100, fatal=h.fatal.append)
         other = "/agents/b"
 
         def on(path: str, body: dict[str, Any]) -> CommandRecord:
@@ -524,22 +520,23 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
         )
         await h.settle()
         assert not h.fatal
-        full = {k: v for k, v in table.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+        # Positions differ by design: `c` is not derived from the journal, `p` is only a lower bound.
+        full = {k: v for k, v in table.stored.items() if not k.startswith(POSITIONS)}
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
         before, burst = next(b for b in reversed(table.bursts) if any(k.startswith(rows.ITEM) for k, _ in b[1]))
         for n in range(len(burst) + 1):
-            restored = DictRows()
+            restored = DictStore()
             restored.stored = dict(before)
             for key, value in burst[:n]:
                 if value is None:
                     restored.stored.pop(key, None)
                 else:
                     restored.stored[key] = value
-            engine = PartitionEngine(0, restored, NAMES, h.kafka.send, max_cached_streams=100)
+            engine = PartitionEngine(0, restored, NAMES, h.kafka, max_cached_streams=100)
             position = engine.recorded_position()
             engine.catch_up([record for record in journal if record[0] > position], [])
-            await restored.flush()
-            again = {k: v for k, v in restored.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+            await engine.flush()
+            again = {k: v for k, v in restored.stored.items() if not k.startswith(POSITIONS)}
             assert again == full, f"prefix of {n} of {len(burst)} rows: {sorted(set(again) ^ set(full))[:5]}"
 
     run(scenario())
@@ -561,11 +558,11 @@ def test_4_2_a_due_request_is_journaled_at_once_and_its_call_record_follows() ->
         positions = dict(h.engine.positions.done)
         sources = h.engine.entry(PATH).sources
         assert h.engine.schedule(h.engine.clock_ms() + 10**6) == []  # nothing goes to the command topic
+        assert llm_requests(h) == [] and h.kafka.open == []  # staged, not produced before the commit
+        await h.settle()
         (requested,) = [r for r in h.kafka.on(NAMES.journal) if orjson.loads(r.value)["type"] == LLM_REQUEST_REQUESTED]
         assert requested.headers == {H_SOURCE_TOPIC: SCHEDULER}
-        assert llm_requests(h) == []  # not before the journal has it
-        await h.settle()
-        (call,) = llm_requests(h)
+        (call,) = llm_requests(h)  # in the same transaction
         assert call["kind"] == "call" and call["requestOffset"] == orjson.loads(requested.value)["offset"]
         assert h.engine.positions.done == positions and h.engine.entry(PATH).sources == sources
         assert not h.fatal
@@ -574,8 +571,9 @@ def test_4_2_a_due_request_is_journaled_at_once_and_its_call_record_follows() ->
 
 
 def test_4_3_an_expiry_goes_behind_the_commands_already_produced() -> None:
-    """§4.3: an expired request's settlement is not journaled by the tick: it is returned as
-    commands for the internal topic, so a settlement the caller produced before it wins."""
+    """§4.3: an expired request's settlement is not journaled by the tick: it goes out as commands
+    to the internal topic (with the next checkpoint), so a settlement the caller produced before it
+    wins."""
 
     async def scenario() -> None:
         h = Harness()
@@ -587,6 +585,8 @@ def test_4_3_an_expiry_goes_behind_the_commands_already_produced() -> None:
         assert [c["type"] for _, c in commands] == [LLM_REQUEST_SETTLED, STREAM_ERROR_OCCURRED]
         assert len(h.kafka.on(NAMES.journal)) == journaled
         assert h.engine.schedule(2**41) == []  # sent: not again before RESEND_AFTER_MS
+        await h.settle()
+        assert [orjson.loads(r.value) for r in h.kafka.on(NAMES.internal_appends)] == [c for _, c in commands]
 
     run(scenario())
 
@@ -602,13 +602,13 @@ def test_recovery_refolds_scheduled_events_to_the_live_rows() -> None:
         await h.settle()
         h.engine.schedule(h.engine.clock_ms() + 10**6)
         await h.settle()
-        live = {k: v for k, v in h.table.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+        live = {k: v for k, v in h.table.stored.items() if not k.startswith(POSITIONS)}
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
-        fresh = DictRows()
-        engine = PartitionEngine(0, fresh, NAMES, h.kafka.send, max_cached_streams=100)
+        fresh = DictStore()
+        engine = PartitionEngine(0, fresh, NAMES, h.kafka, max_cached_streams=100)
         engine.catch_up(journal, [])
-        await fresh.flush()
-        again = {k: v for k, v in fresh.stored.items() if not k.startswith(rows.COMMAND_POSITIONS)}
+        await engine.flush()
+        again = {k: v for k, v in fresh.stored.items() if not k.startswith(POSITIONS)}
         assert again == live, sorted(set(again) ^ set(live))[:5]
 
     run(scenario())
@@ -672,14 +672,14 @@ def test_6_catch_up_publishes_again_the_script_commands_a_dead_worker_never_sent
             "agent/script-feedback@10",
         ]
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
-        engine = PartitionEngine(0, DictRows(), NAMES, h.kafka.send, max_cached_streams=100)  # nothing stored
+        engine = PartitionEngine(0, DictStore(), NAMES, h.kafka, max_cached_streams=100)  # nothing stored
         outcomes: list[tuple[str, bytes, bytes]] = []
         engine.catch_up(journal, outcomes)
         again = [value for topic, key, value in outcomes if topic == NAMES.internal_appends]
         assert again == live
         assert {key for topic, key, _ in outcomes if topic == NAMES.internal_appends} == {PATH.encode()}
         # Events a stream's rows already hold are not re-folded: a second catch-up publishes nothing.
-        await engine.table.flush()
+        await engine.flush()
         repeat: list[tuple[str, bytes, bytes]] = []
         engine.catch_up(journal, repeat)
         assert repeat == []

@@ -15,7 +15,6 @@ and its record carries the worker's headers. Then:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -44,6 +43,7 @@ from schemas.events import (
 )
 from schemas.limits import INT_MAX, INT_MIN
 from schemas.routing import AGENT_SUBSCRIBED
+from tests.support.journal_fakes import DictStore, FakeTransactions
 from topics.names import topic_names
 
 WEBHOOK = "events.iterate.com/github/webhook-received"  # a type the agent does not consume
@@ -227,38 +227,15 @@ def replayed(records: list[Record], batch: int) -> tuple[dict[bytes, bytes], int
     return {key: value for key, value in stored.items() if value is not None}, fold.folded
 
 
-class DictTable:
-    """`RowTable` over a dict (the engine's catch-up writes into it)."""
-
-    def __init__(self) -> None:
-        self.data: dict[bytes, bytes] = {}
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.data.get(key)
-
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        for key in sorted(self.data):
-            if key.startswith(prefix):
-                yield key, self.data[key]
-
-    def put(self, key: bytes, value: bytes | None) -> None:
-        if value is None:
-            self.data.pop(key, None)
-        else:
-            self.data[key] = value
-
-    async def flush(self) -> None:
-        return None
-
-
 def caught_up(records: list[Record]) -> tuple[dict[bytes, bytes], int]:
     async def run() -> tuple[dict[bytes, bytes], int]:
-        table = DictTable()
-        engine = PartitionEngine(0, table, topic_names(""), lambda *_: None, max_cached_streams=1 << 30)
+        store = DictStore()
+        engine = PartitionEngine(0, store, topic_names(""), FakeTransactions(), max_cached_streams=1 << 30)
         folded = engine.catch_up((offset, value, dict(headers or ())) for offset, value, headers in records)
-        return table.data, folded
+        await engine.flush()  # what catch-up staged, stored as one checkpoint
+        return store.stored, folded
 
-    return asyncio.run(run())  # the engine may want an event loop; catch-up itself does no I/O
+    return asyncio.run(run())
 
 
 # --- the digest -------------------------------------------------------------------------------

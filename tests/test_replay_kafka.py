@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, TopicPartition
 from rocksdict import Options, Rdict
 
 import pipeline.journal.replay
-from pipeline.client import Receipt, watermarks
+from pipeline.client import Receipt
 from pipeline.journal.replay import (
     MARKER,
     PartitionTask,
@@ -34,6 +34,7 @@ from pipeline.journal.replay import (
     verify,
 )
 from pipeline.kafka.partitioner import partition_for
+from pipeline.kafka.read import watermarks
 from processors import row_codec, rows
 from schemas.events import (
     CONTEXT_ADDED,
@@ -179,12 +180,12 @@ def test_helper_processes_alone_replay_every_partition(stack: Stack, tmp_path: P
     out = tmp_path / "helpers"
     prepare_out_dir(out, stack.settings.data_dir)
     topic = stack.client.topics.journal
-    consumer = Consumer({"bootstrap.servers": stack.settings.bootstrap_servers, "group.id": "test", "log_level": 3})
+    consumer = Consumer({**stack.settings.kafka_consumer_config(), "group.id": "test", "log_level": 3})
     try:
         tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(topic, p))) for p in range(PARTITIONS)]
     finally:
         consumer.close()
-    helpers = _Helpers(2, stack.settings.kafka_client_config(), topic, out, None)
+    helpers = _Helpers(2, stack.settings.kafka_consumer_config(), topic, out, None)
     progress: list[int] = []
     try:
         helpers.hand_out(tasks)

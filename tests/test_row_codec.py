@@ -3,6 +3,7 @@ the stored names are a fixed format, and a store of another format stops the wor
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIP
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
 from tests.journal import Journal
-from tests.test_partition_engine import DictRows
+from tests.support.journal_fakes import DictStore, FakeTransactions
 from tests.test_properties import PROPERTY_SETTINGS, journals
 from topics.names import topic_names
 
@@ -139,14 +140,19 @@ def test_a_row_with_an_unknown_field_is_refused_not_misread() -> None:
 
 def test_a_store_without_a_format_row_is_format_1_and_gets_its_row() -> None:
     row_codec.check_format(None, 0)
-    table = DictRows()
-    PartitionEngine(3, table, topic_names(""), lambda *_: None, max_cached_streams=10)
+    table = DictStore()
+
+    async def first_checkpoint() -> None:
+        engine = PartitionEngine(3, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+        await engine.flush()  # stored with the partition's first checkpoint
+
+    asyncio.run(first_checkpoint())
     assert table.get(rows.format_key(3)) == b"1" == row_codec.encode_format()
 
 
 @pytest.mark.parametrize("stored", [b"2", b"x"])
 def test_another_row_format_stops_the_worker_and_says_to_rebuild_with_replay(stored: bytes) -> None:
-    table = DictRows()
+    table = DictStore()
     table.stored[rows.format_key(0)] = stored
     with pytest.raises(row_codec.RowFormatError, match=r"row format .*agentstream replay"):
-        PartitionEngine(0, table, topic_names(""), lambda *_: None, max_cached_streams=10)
+        PartitionEngine(0, table, topic_names(""), FakeTransactions(), max_cached_streams=10)

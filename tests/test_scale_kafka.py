@@ -13,9 +13,7 @@ Bounded for `make test` (AGENTSTREAM_SCALE_APPENDS, default 6000, at AGENTSTREAM
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -29,7 +27,7 @@ import pytest
 from pipeline.client import Receipt
 from pipeline.journal.replay import live_store_paths, replay, verify
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, Worker, ensure_broker, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,7 +35,6 @@ APPENDS = int(os.environ.get("AGENTSTREAM_SCALE_APPENDS", "6000"))
 RATE = float(os.environ.get("AGENTSTREAM_SCALE_RATE", "300"))
 PARTITIONS = 6
 STREAMS = 60
-OWNED = re.compile(r"partition (\d+): reading commands")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,37 +49,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.close()
-
-
-class Worker:
-    """One more `agentstream worker journal` of the stack's group, with its own data directory."""
-
-    def __init__(self, stack: Stack, index: int, root: Path) -> None:
-        self.data_dir = root / f"w{index}"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = self.data_dir / "worker.log"
-        env = stack.env()
-        env["AGENTSTREAM_DATA_DIR"] = str(self.data_dir)
-        env["AGENTSTREAM_WORKER_INSTANCE_ID"] = f"{stack.settings.app_id}-{index}"
-        self.process = subprocess.Popen(
-            [str(BIN / "agentstream"), "worker", "journal"],
-            env=env,
-            stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def owned(self) -> set[int]:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return {int(p) for p in OWNED.findall(text)}
-
-    def stop(self, sig: int) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def user(content: str) -> dict[str, Any]:
@@ -126,7 +92,7 @@ def test_workers_join_and_leave_mid_load_and_every_append_is_journaled_once(stac
     time.sleep(phase)
     workers[2].stop(signal.SIGTERM)
     survivor = workers[0]
-    seen = survivor.log_path.stat().st_size
+    seen = survivor.log_size()
     producer.join()
     assert not errors, repr(errors[0])
     assert survivor.process.poll() is None, survivor.log_path.read_text()[-4000:]
@@ -147,9 +113,7 @@ def test_workers_join_and_leave_mid_load_and_every_append_is_journaled_once(stac
 
     # The survivor owns everything again (after the last rebalance); its rows equal a fold of the journal.
     def owns_everything() -> bool:
-        with survivor.log_path.open("rb") as log:
-            log.seek(seen)
-            return {int(p) for p in OWNED.findall(log.read().decode(errors="replace"))} == set(range(PARTITIONS))
+        return survivor.owned(since=seen) == set(range(PARTITIONS))
 
     wait_until(owns_everything, 120, "the survivor to own every partition")
     time.sleep(2)

@@ -401,3 +401,68 @@ def test_settlements_always_fit_one_journal_event() -> None:
         payload = {"executionId": "agent-output:1", "settlement": settlement}
         assert len(orjson.dumps(payload)) < 900 * 1024
         ScriptRunSettledPayload.model_validate(payload)
+
+
+# --- a script's calls end with its run (behaviour §5.2: a host that woke after its run was settled) ---
+
+
+def _own_call(state: Any, key: str, content: str = "noted") -> Any:
+    from processors.journal import journal_command
+    from processors.state import SourceOffsets
+    from schemas.events import AppendCommand
+
+    payload = {
+        "role": "developer",
+        "content": content,
+        "key": "k",
+        "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
+    }
+    command = AppendCommand.model_validate(
+        {
+            "streamPath": "/agents/a",
+            "type": "events.iterate.com/agents/context-added",
+            "payload": payload,
+            "idempotencyKey": key,
+        }
+    )
+    return journal_command(state, command, now_ms=1_796_000_000_000, sources=SourceOffsets(), read={}.get)
+
+
+def test_5_2_a_scripts_call_into_its_own_stream_is_journaled_only_while_its_run_is_unsettled() -> None:
+    from processors.journal import Journaled, Rejected
+    from processors.state import AgentState, ScriptRun
+
+    running = AgentState(stream_path="/agents/a")
+    running.scripts["agent-output:7"] = ScriptRun("agent-output:7", 3, 2**40)
+    key = script_call_key("/agents/a", "agent-output:7", 1, "/agents/a")
+    assert isinstance(_own_call(running, key), Journaled)
+    settled = AgentState(stream_path="/agents/a")  # settled (or never requested): no unsettled run
+    refused = _own_call(settled, key)
+    assert isinstance(refused, Rejected) and "'agent-output:7' is not running" in refused.reason
+    other = AgentState(stream_path="/agents/a")
+    other.scripts["agent-output:8"] = ScriptRun("agent-output:8", 5, 2**40)
+    assert isinstance(_own_call(other, key), Rejected)  # another run's being open does not admit it
+
+
+@pytest.mark.parametrize(
+    ("key", "execution"),
+    [
+        ("capability-host/agent-output:7/call-1", "agent-output:7"),
+        ("capability-host/agent-output:7/call-12", "agent-output:7"),
+        ("capability-host/x/call-1/call-2", "x/call-1"),
+        ("capability-host/from/agents/a/agent-output:7/call-2", None),  # into another stream
+        ("capability-host/script-run-started@agent-output:7", None),
+        ("capability-host/script-run-settled@agent-output:7", None),
+        ("capability-host/agent-output:7/call-", None),
+        ("capability-host/agent-output:7/call-x", None),
+        ("capability-host//call-1", None),
+        ("agent/script-result@agent-output:7", None),
+        (None, None),
+    ],
+)
+def test_own_script_call_execution_names_only_calls_into_the_runs_own_stream(
+    key: str | None, execution: str | None
+) -> None:
+    from processors.idempotency_keys import own_script_call_execution
+
+    assert own_script_call_execution(key) == execution

@@ -25,7 +25,6 @@ import random
 import signal
 import threading
 import time
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,9 @@ from typing import Any
 import pytest
 
 from pipeline.journal.replay import live_store_paths, replay, verify
-from processors.reducer import fold_all
-from processors.state import AgentState
-from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, decode_event
 from tests.kafka_stack import Stack, ensure_broker, wait_until
 from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_text
+from tests.support.turns import audit_turns, journals, unanswered, user
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -80,35 +77,6 @@ def stack(tmp_path: Path, llm: ScriptedLLM) -> Iterator[Stack]:
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGKILL)
         stack.close()
-
-
-def user(text: str) -> dict[str, Any]:
-    return {
-        "type": CONTEXT_ADDED,
-        "payload": {"role": "user", "content": text, "actor": {"type": "user", "origin": "cli"}},
-    }
-
-
-def journals(stack: Stack) -> dict[str, list[Any]]:
-    events: dict[str, list[Any]] = defaultdict(list)
-    for message in stack.read_topic(stack.client.topics.journal, timeout=60):
-        event = decode_event(message.value())
-        events[event.streamPath].append(event)
-    return events
-
-
-def unanswered(events: dict[str, list[Any]], paths: list[str]) -> list[str]:
-    """Agents not yet done: a request open or due, or the last user message not answered."""
-    waiting = []
-    for path in paths:
-        stream = events.get(path, [])
-        state = fold_all(AgentState(), stream)
-        items = [e for e in stream if e.type == CONTEXT_ADDED]
-        last_user = max((e.offset for e in items if e.payload.role == "user"), default=0)
-        last_answer = max((e.offset for e in items if e.payload.role == "assistant"), default=0)
-        if state.status != "idle" or last_answer < last_user:
-            waiting.append(f"{path} ({state.status}, last user @{last_user}, last answer @{last_answer})")
-    return waiting
 
 
 def test_4_3_sigkills_of_worker_and_caller_settle_every_request_exactly_once_and_never_answer_twice(
@@ -174,34 +142,18 @@ def test_4_3_sigkills_of_worker_and_caller_settle_every_request_exactly_once_and
     time.sleep(2)  # a late duplicate would show up now
     events = journals(stack)
 
-    twice: list[str] = []
-    unsettled: list[str] = []
-    not_succeeded: list[str] = []
-    answers_twice: list[str] = []
-    requests = 0
-    for path in paths:
-        stream = events[path]
-        settled = Counter(e.payload.requestOffset for e in stream if e.type == LLM_REQUEST_SETTLED)
-        answered = Counter(
-            e.payload.llmRequestOffset
-            for e in stream
-            if e.type == CONTEXT_ADDED and e.payload.role == "assistant" and e.payload.llmRequestOffset is not None
-        )
-        opened = [e.offset for e in stream if e.type == LLM_REQUEST_REQUESTED]
-        requests += len(opened)
-        for r in opened:
-            if settled[r] == 0:
-                unsettled.append(f"{path}@{r}")
-            elif settled[r] > 1:
-                twice.append(f"{path}@{r}")
-        for e in stream:
-            if e.type == LLM_REQUEST_SETTLED and e.payload.result.status != "succeeded":
-                not_succeeded.append(f"{path}@{e.payload.requestOffset}: {e.payload.result}")
-        answers_twice += [f"{path}@{r}" for r, n in answered.items() if n > 1]
-    assert not twice, f"{len(twice)} requests settled twice, e.g. {twice[:5]}; {summary}"
-    assert not answers_twice, f"{len(answers_twice)} answers journaled twice, e.g. {answers_twice[:5]}; {summary}"
-    assert not unsettled, f"{len(unsettled)} requests never settled, e.g. {unsettled[:5]}; {summary}"
-    assert not not_succeeded, f"{len(not_succeeded)} requests did not succeed, e.g. {not_succeeded[:3]}; {summary}"
+    audit = audit_turns(events, paths)
+    requests = audit.requests
+    assert not audit.settled_twice, (
+        f"{len(audit.settled_twice)} requests settled twice, e.g. {audit.settled_twice[:5]}; {summary}"
+    )
+    assert not audit.answered_twice, (
+        f"{len(audit.answered_twice)} answers journaled twice, e.g. {audit.answered_twice[:5]}; {summary}"
+    )
+    assert not audit.unsettled, f"{len(audit.unsettled)} requests never settled, e.g. {audit.unsettled[:5]}; {summary}"
+    assert not audit.not_succeeded, (
+        f"{len(audit.not_succeeded)} requests did not succeed, e.g. {audit.not_succeeded[:3]}; {summary}"
+    )
     dead = stack.read_topic(client.topics.dlq, timeout=5)
     reasons = [dict(m.headers() or ()).get("reason", b"").decode()[:200] for m in dead]
     assert not dead, f"{len(dead)} dead-lettered records, e.g. {reasons[:3]}; {summary}"

@@ -131,7 +131,7 @@ class LlmCaller:
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=max(500, self.session_timeout_ms // 3),
             max_poll_interval_ms=max(300_000, int(settings.llm_timeout_s * 1000) * 3),
-            **settings.aiokafka_config(),
+            **settings.aiokafka_consumer_config(),
         )
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         log.info(
@@ -326,7 +326,7 @@ class LlmCaller:
             bootstrap_servers=self.settings.bootstrap_servers,
             group_id=self.settings.caller_group,
             enable_auto_commit=False,
-            **self.settings.aiokafka_config(),
+            **self.settings.aiokafka_consumer_config(),
         )
         settled = 0
         try:
@@ -341,18 +341,21 @@ class LlmCaller:
                 reader.seek(tp, starts[tp] or 0)
             while todo:
                 batches = await reader.getmany(timeout_ms=1000, max_records=5000)
-                if not batches:
-                    break
-                for tp, messages in batches.items():
+                for messages in batches.values():
                     for message in messages:
                         if b'"settled"' in (message.value or b""):  # cheap filter before validating
                             record = _records.validate_json(message.value)
                             if isinstance(record, SettledNotice):
                                 self.calls.handled.bump(record.streamPath, record.requestOffset)
                                 settled += 1
-                    if messages and messages[-1].offset + 1 >= ends[tp]:
+                # Done by position, not by a record at the end: the last offset is usually a
+                # transaction's commit marker, which no consumer receives (docs/architecture.md, "Fencing").
+                for tp in list(todo):
+                    if await reader.position(tp) >= ends[tp]:
                         todo.discard(tp)
                         reader.pause(tp)
+                if not batches:
+                    break
         except Exception as error:  # the notices still act when the consumer reaches them
             log.warning("reading settled notices ahead failed: %s", error)
         finally:

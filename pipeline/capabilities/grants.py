@@ -12,6 +12,12 @@
 Every append goes through the ordinary client door with an idempotency key derived from the
 execution id and a call counter, so a repeated run could never append twice; each call waits until
 the journal has the item and returns its offset.
+
+A host that stalled past its session may wake inside a run that another host has meanwhile settled
+as crashed. Its calls then must not land after the settlement: the journal refuses a call into the
+run's own stream once the run is settled (`processors.journal`), and a call into another stream,
+which that stream's journal cannot judge, is made only after checking that the run's own stream
+holds no settlement yet (docs/architecture.md, "Fencing").
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import orjson
 from pipeline.capabilities.journal import JournalReader
 from pipeline.client import AppendError, AppendResult, AppendTimeout, Client, Receipt
 from processors.idempotency_keys import script_call_key
+from schemas.capabilities import SCRIPT_RUN_SETTLED
 from schemas.events import CONTEXT_ADDED
 from schemas.limits import path_problem
 
@@ -100,9 +107,19 @@ def _text(name: str, value: Any) -> str:
 class Grants:
     """The granted functions of one execution."""
 
-    def __init__(self, *, path: str, execution: str, client: Client, reader: JournalReader, blocking: Blocking) -> None:
+    def __init__(
+        self,
+        *,
+        path: str,
+        execution: str,
+        client: Client,
+        reader: JournalReader,
+        blocking: Blocking,
+        requested_at: int = 0,
+    ) -> None:
         self.path = path
         self.execution = execution
+        self.requested_at = requested_at  # offset of the run's script-run-requested event
         self.client = client
         self.reader = reader
         self.blocking = blocking
@@ -152,7 +169,17 @@ class Grants:
     async def now(self) -> str:
         return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
+    async def _settled(self) -> bool:
+        """Whether the run's own stream already holds its settlement (another host settled it)."""
+        events = await self.blocking(self.reader.events_from, self.path, self.requested_at + 1)
+        return any(
+            event["type"] == SCRIPT_RUN_SETTLED and (event.get("payload") or {}).get("executionId") == self.execution
+            for event in events
+        )
+
     async def _append(self, target: str, item: dict[str, Any]) -> int:
+        if target != self.path and await self._settled():
+            raise RuntimeError(f"script run {self.execution} was settled by another host: nothing more is sent")
         self.calls += 1
         key = script_call_key(self.path, self.execution, self.calls, target)
         command = {"type": CONTEXT_ADDED, "payload": item, "idempotencyKey": key}

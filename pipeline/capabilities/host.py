@@ -135,7 +135,7 @@ class CapabilityHost:
             session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=max(500, session_timeout_ms // 3),
             max_poll_interval_ms=600_000,
-            **settings.aiokafka_config(),
+            **settings.aiokafka_consumer_config(),
         )
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         log.info(
@@ -287,6 +287,7 @@ class CapabilityHost:
                     client=self._client,  # type: ignore[arg-type]
                     reader=self._reader,  # type: ignore[arg-type]
                     blocking=self._blocking,
+                    requested_at=record.offset,
                 )
                 ran = await self._sandbox.run(record.code, grants.functions(), max(budget_s, 0.001))
             finally:

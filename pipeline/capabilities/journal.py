@@ -18,8 +18,8 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from pipeline.client import consume_ready, watermarks
 from pipeline.kafka.partitioner import partition_for
+from pipeline.kafka.read import read_ranges, watermarks
 from pipeline.settings import Settings
 from topics.admin import quiet_librdkafka
 from topics.names import topic_names
@@ -48,7 +48,7 @@ class JournalReader:
             return Consumer(
                 quiet_librdkafka(
                     {
-                        **self.settings.kafka_client_config(),
+                        **self.settings.kafka_consumer_config(),
                         "group.id": "agentstream-capabilities-reader",
                         "enable.auto.commit": False,
                         "enable.partition.eof": False,
@@ -60,22 +60,11 @@ class JournalReader:
             )
 
     def _records(self, consumer: Consumer, tp: TopicPartition, start: int, end: int) -> Iterator[Any]:
-        """Records of `tp` from Kafka offset `start` up to (excluding) `end`."""
-        if start >= end:
-            return
-        consumer.assign([TopicPartition(tp.topic, tp.partition, start)])
-        position = start
-        while position < end:
-            messages = consume_ready(consumer, 500, POLL_S)
-            if not messages:
-                return  # nothing more arrives (a truncated partition): stop rather than hang
-            for message in messages:
-                if message.error() is not None:
-                    continue
-                position = message.offset() + 1
-                if message.offset() >= end:
-                    return
-                yield message
+        """Records of `tp` from Kafka offset `start` up to (excluding) `end`. A poll that returns
+        nothing ends it (a truncated partition): stop rather than hang."""
+        ranges = {tp.partition: (start, end)}
+        for batch in read_ranges(consumer, tp.topic, ranges, max_messages=500, poll_s=POLL_S, stop_when_idle=True):
+            yield from batch
 
     # --- queries --------------------------------------------------------------------------------
 

@@ -22,11 +22,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from pydantic import ValidationError
 
 from pipeline import base_policy
 from pipeline.kafka.partitioner import partition_for
+from pipeline.kafka.read import consume_ready, read_ranges, watermarks
 from pipeline.settings import Settings
 from processors.idempotency_keys import AGENT_CREATED_KEY
 from schemas.events import (
@@ -65,34 +66,6 @@ class AppendResult:
     reason: str | None
 
 
-def consume_ready(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
-    """Up to `max_messages` records, returning as soon as any are there.
-
-    librdkafka's consume(n, timeout) waits the whole timeout whenever fewer than n records are
-    ready; poll() returns at the first record and consume(timeout=0) then takes what is buffered.
-    """
-    first = consumer.poll(timeout)
-    if first is None:
-        return []
-    return [first, *consumer.consume(max_messages - 1, timeout=0)]
-
-
-def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 15.0) -> tuple[int, int]:
-    """(low, high) offsets of a partition, retrying while a new topic's leadership settles."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return consumer.get_watermark_offsets(tp, timeout=max(deadline - time.monotonic(), 1.0))
-        except KafkaException as error:
-            settling = error.args[0].retriable() or error.args[0].code() in _SETTLING
-            if not settling or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-_SETTLING = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.LEADER_NOT_AVAILABLE}
-
-
 MAX_UNCLAIMED_RESULTS = 100_000
 
 
@@ -123,7 +96,7 @@ class _Results:
         self._consumer = Consumer(
             quiet_librdkafka(
                 {
-                    **settings.kafka_client_config(),
+                    **settings.kafka_consumer_config(),
                     "group.id": f"agentstream-client-{uuid.uuid4().hex}",
                     "enable.auto.commit": False,
                 }
@@ -343,27 +316,24 @@ class Client:
         consumer = Consumer(
             quiet_librdkafka(
                 {
-                    **self.settings.kafka_client_config(),
+                    **self.settings.kafka_consumer_config(),
                     "group.id": "agentstream-reader",
                     "enable.auto.commit": False,
                 }
             )
         )
         try:
-            tp = TopicPartition(self.topics.journal, partition)
-            low, high = watermarks(consumer, tp, timeout)
-            if high <= low and not follow:
-                return
-            consumer.assign([TopicPartition(self.topics.journal, partition, low)])
+            topic = self.topics.journal
+            low, high = watermarks(consumer, TopicPartition(topic, partition), timeout)
             key = path.encode()
-            deadline = time.monotonic() + timeout
-            position = low
-            while follow or (position < high and time.monotonic() < deadline):
+            if not follow:
+                for batch in read_ranges(consumer, topic, {partition: (low, high)}, timeout=timeout):
+                    yield from (decode_event(message.value()) for message in batch if message.key() == key)
+                return
+            consumer.assign([TopicPartition(topic, partition, low)])
+            while True:
                 for message in consume_ready(consumer, 1000, 0.5):
-                    if message.error() is not None:
-                        continue
-                    position = message.offset() + 1
-                    if message.key() == key:
+                    if message.error() is None and message.key() == key:
                         yield decode_event(message.value())
         finally:
             consumer.close()

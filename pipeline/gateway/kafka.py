@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from pydantic import ValidationError
 
-from pipeline.client import consume_ready, watermarks
+from pipeline.kafka.read import consume_ready, watermarks
 from pipeline.settings import Settings
 from schemas.outcomes import AppendOutcome
 from topics.names import TopicNames
@@ -217,7 +217,7 @@ class ResultsFollower:
     def _run(self) -> None:
         consumer = Consumer(
             {
-                **self._settings.kafka_client_config(),
+                **self._settings.kafka_consumer_config(),
                 "group.id": f"agentstream-gateway-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "log_level": 3,

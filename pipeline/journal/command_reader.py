@@ -46,6 +46,8 @@ class CommandReader:
                 {
                     **config,
                     "group.id": group_id,
+                    # The workers' own commands come out of transactions: never an aborted one.
+                    "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     "fetch.wait.max.ms": 5,
@@ -57,6 +59,7 @@ class CommandReader:
         )
         self._task: asyncio.Task[None] | None = None
         self._commit_due = 0.0
+        self._handing: set[int] = set()  # partitions whose fetched records are being handed over
 
     def start(self) -> None:
         if self._task is None:
@@ -90,6 +93,19 @@ class CommandReader:
             [TopicPartition(self.names.appends, partition), TopicPartition(self.names.internal_appends, partition)]
         )
         return engine
+
+    def read_through(self, partition: int, ends: dict[bool, int]) -> bool:
+        """Whether partition p's commands before `ends` (per command topic) are all handed to its
+        engine. Compares the consumer's positions: the last offsets may be transaction markers."""
+        if partition in self._handing or partition not in self.engines:
+            return False
+        tps = [TopicPartition(self.names.appends, partition), TopicPartition(self.names.internal_appends, partition)]
+        positions = {tp.topic: tp.offset for tp in self.consumer.position(tps)}
+        return (
+            max(positions[self.names.appends], self.engines[partition].positions.done[False] + 1) >= ends[False]
+            and max(positions[self.names.internal_appends], self.engines[partition].positions.done[True] + 1)
+            >= ends[True]
+        )
 
     async def _run(self) -> None:
         consume = self.consumer.consume
@@ -125,10 +141,14 @@ class CommandReader:
                             internal=message.topic() == internal_topic,
                         )
                     )
-                for partition, commands in batches.items():
-                    engine = self.engines.get(partition)
-                    if engine is not None:
-                        await engine.handle_batch(commands)
+                self._handing.update(batches)
+                try:
+                    for partition, commands in batches.items():
+                        engine = self.engines.get(partition)
+                        if engine is not None:
+                            await engine.handle_batch(commands)
+                finally:
+                    self._handing.clear()
                 if loop.time() >= self._commit_due:
                     self._commit_due = loop.time() + 5.0
                     self._commit_positions()

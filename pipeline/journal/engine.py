@@ -1,19 +1,21 @@
 """The journal processor's per-partition engine: the I/O shell around `processors.journal`.
 
-One writer per partition. For every command of partition p it decides (pure core), produces the
-journal record at once, and keeps the rows the event changed in a per-partition queue. Rows are
-written to the table, and the command acknowledged, only after the journal record is
-acknowledged by Kafka, in order. Therefore:
+One writer per partition. For every command of partition p it decides (pure core) what to journal
+and what follows, and stages all of it in the partition's open `Checkpoint`: the journal or
+dead-letter record, the records that follow it (its result, a request body, script commands), the
+rows the event changed and how far each command topic is read. A committer task makes each
+checkpoint durable in one Kafka transaction (`Checkpoint.commit`), while the next batch is decided
+into the next checkpoint. Therefore:
 
-- stored rows never run ahead of the journal (a crash cannot leave a projection that the journal
-  does not back), and the committed `agent-appends` offset never passes an unjournaled command;
-- after a crash the rows lag the journal by at most the queue; `catch_up` re-folds the journal
-  tail past the recorded position (the `p` row) before the partition takes new commands;
+- stored rows never run ahead of the journal, nor the journal ahead of the command positions:
+  a checkpoint is visible to `read_committed` readers whole or not at all;
+- a worker that lost its partition is fenced by Kafka (the next owner's `init_transactions`) and
+  nothing it prepared becomes visible; it drops the partition (`on_fenced`);
+- reads while deciding see every staged row first (`read`, `_scan`), so the next batch is decided
+  while the last one commits;
 - a re-delivered command is recognised by its source offset (recorded per stream and command
   topic, also in each journal record's headers) or its append id, and journaled once; its outcome
   is published again, so a client waiting on it never times out;
-- a command is acknowledged only once the records that follow its journal record (its result, a
-  request body) are delivered too, and catch-up publishes the results of the events it re-folds;
 - nothing a command holds can stop the partition: any failure while deciding it sends it to the
   dead-letter topic as `internal_error` and the stream's state is reloaded from its rows. Only a
   failure to produce or store (Kafka or RocksDB I/O) stops the worker.
@@ -21,8 +23,8 @@ acknowledged by Kafka, in order. Therefore:
 Two command topics feed one writer: `agent-appends` (anyone) and `agent-internal-appends` (the
 workers only; co-partitioned). Events that only the workers may write are refused on the first.
 
-The Faust wiring lives in `pipeline.journal.worker`; this module needs only a `RowTable` (the
-partition's rows: read a key, scan a prefix, write a row), a producer and a journal reader.
+The Faust wiring lives in `pipeline.journal.worker`; this module needs only a `RowStore` (the
+partition's stored rows) and a `TransactionalProducer`.
 """
 
 from __future__ import annotations
@@ -31,19 +33,19 @@ import asyncio
 import heapq
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError
 from pydantic import ValidationError
 
 from pipeline import metrics
 from pipeline.journal import heap
+from pipeline.journal.checkpoint import Checkpoint, RowStore, TransactionalProducer
 from pipeline.kafka.partitioner import partition_for
-from pipeline.kafka.producer import OnDelivery
+from pipeline.kafka.producer import Fenced
 from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
 from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages
@@ -84,49 +86,6 @@ H_REASON = "reason"
 RESEND_AFTER_MS = 5_000
 
 
-class RowTable(Protocol):
-    """The rows of one partition."""
-
-    def get(self, key: bytes) -> bytes | None: ...
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
-    def put(self, key: bytes, value: bytes | None) -> None: ...
-    async def flush(self) -> None:
-        """Hand the puts so far to durable storage (`FaustRows`: one changelog burst). Commits no offset."""
-
-
-def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
-    """The order in which one burst of rows goes to the changelog, so that any prefix of it is a
-    state recovery can complete.
-
-    A worker killed mid-burst leaves a prefix of it in the changelog, and the table's restore
-    applies that prefix. A stream's metadata row is its commit point (its cursor and seq range), so
-    it follows every other row of the burst: restored without them, it would claim events whose
-    item and dedupe rows are missing, and catch-up, which skips events a stream already holds,
-    would never write them. Rows restored without their metadata row lie past the stream's recorded
-    seq range or cursor and are rewritten identically when catch-up re-folds their events. The
-    partition's positions (`p`, `c`) come last: they claim everything before them.
-    """
-    rows_first: list[tuple[bytes, bytes | None]] = []
-    metas: list[tuple[bytes, bytes | None]] = []
-    positions: list[tuple[bytes, bytes | None]] = []
-    meta_prefix = rows.META + rows.SEP
-    position_prefixes = (rows.POSITION + rows.SEP, rows.COMMAND_POSITIONS + rows.SEP)
-    for row in burst.items():
-        key = row[0]
-        if key.startswith(meta_prefix):
-            metas.append(row)
-        elif key.startswith(position_prefixes):
-            positions.append(row)
-        else:
-            rows_first.append(row)
-    return rows_first + metas + positions
-
-
-# Produce one record to this engine's partition number (every topic is co-partitioned):
-# (topic, key, value, headers, on_delivery(error, message)); the callback runs on the event loop.
-Send = Callable[[str, bytes | None, bytes, list[tuple[str, bytes]], OnDelivery | None], None]
-
-
 @dataclass(slots=True)
 class CommandRecord:
     """One Kafka record of a command topic as the engine reads it (its value parses as an `AppendCommand`)."""
@@ -153,79 +112,23 @@ class StreamEntry:
 
 @dataclass(slots=True)
 class HandledCommand:
-    """What handling one command produces: the command in flight, plus what to write to Kafka."""
+    """What deciding one command produced, before it is staged in the checkpoint."""
 
-    in_flight: InFlightCommand
+    command: CommandRecord
+    rows: list[rows.Row]
+    # Records that follow the journal record (results, LLM requests, script commands): in the same
+    # transaction, so nothing downstream ever sees an event the journal might still lose.
+    after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
     journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers
     reject_reason: str | None = None  # set: the command goes to the dead-letter topic
 
 
-@dataclass(slots=True, eq=False)
-class InFlightCommand:
-    """A handled command whose journal (or dead-letter) record may not be acknowledged yet: its rows
-    and follow-ups wait here until it is stored. (A stream's pending trigger is `PendingTrigger`.)"""
-
-    command: CommandRecord
-    rows: list[rows.Row]
-    # Records published once the journal record is acknowledged (results, LLM requests): nothing
-    # downstream ever sees an event the journal might still lose.
-    after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
-    awaiting: int = 0  # journal / dead-letter records produced and not yet settled
-    journal_offset: int | None = None  # the journal record's offset, once acknowledged
-    error: BaseException | None = None  # a failed delivery: fatal when the queue reaches it
-    on_settled: Callable[[], None] | None = None
-
-    def done(self) -> bool:
-        return self.awaiting == 0
-
-    async def wait(self) -> None:
-        while self.awaiting:
-            await asyncio.sleep(0.001)  # the producer's poll task settles deliveries meanwhile
-
-    def journal_delivered(self, error: KafkaError | None, message: Any) -> None:
-        if error is None:
-            self.journal_offset = message.offset()
-        self._settled(error, "journal")
-
-    def dlq_delivered(self, error: KafkaError | None, message: Any) -> None:
-        self._settled(error, "dead-letter")
-
-    def _settled(self, error: KafkaError | None, what: str) -> None:
-        self.awaiting -= 1
-        if error is not None and self.error is None:
-            self.error = RuntimeError(f"{what} record not delivered: {error.str()}")
-        if self.on_settled is not None:
-            self.on_settled()
-
-
 class CommandPositions:
-    """How far each command topic of one partition is done: the upstream position stored with
-    what was derived from it (a row in the same write batch), where reading resumes after a restart.
-
-    A command is done once its journal (or dead-letter) record, its rows and the records that
-    follow it (its result, a request body) are all in Kafka. Commands finish out of order (their
-    follow-up deliveries do), so the position is the end of the prefix of done commands.
-    """
+    """How far each command topic of one partition is done (committed with what it produced): the
+    upstream position stored with what was derived from it, where reading resumes after a restart."""
 
     def __init__(self, appends: int = -1, internal: int = -1) -> None:
         self.done = {False: appends, True: internal}
-        self._open: dict[bool, deque[int]] = {False: deque(), True: deque()}
-        self._finished: dict[bool, set[int]] = {False: set(), True: set()}
-        self.changed = False
-
-    def arrived(self, internal: bool, offset: int) -> None:
-        self._open[internal].append(offset)
-
-    def finished(self, internal: bool, offset: int) -> None:
-        open_offsets, finished = self._open[internal], self._finished[internal]
-        finished.add(offset)
-        while open_offsets and open_offsets[0] in finished:
-            self.done[internal] = open_offsets.popleft()
-            finished.discard(self.done[internal])
-            self.changed = True
-
-    def encode(self) -> bytes:
-        return row_codec.encode_command_positions(self.done[False], self.done[True])
 
     @classmethod
     def decode(cls, value: bytes | None) -> CommandPositions:
@@ -235,32 +138,16 @@ class CommandPositions:
 
 
 class PartitionEngine:
-    """Everything one partition's writer holds: cached states, unstored rows, the queue.
-
-    Its commit protocol, in order (docs/architecture.md, "Commit protocol"):
-
-    1. `handle_batch`: decide each command of a fetched batch (pure core), stage its rows in the
-       overlay (later reads see them), produce its journal or dead-letter record. A failure while
-       deciding dead-letters that one command (`internal_error`).
-    2. Deliveries settle in order per partition. `drain` takes the prefix of the queue whose
-       records are acknowledged: a failed one is fatal (the state is ahead of the journal).
-    3. Their rows go into the table (one changelog record per changed key: the last write of a
-       batch wins), with the journal position `p` and the command positions `c`.
-    4. `RowTable.flush` produces the changelog burst; once every record of it is acknowledged,
-       the rows, Faust's changelog offset and both positions are written to RocksDB in one batch
-       (any failed record is fatal: the store must stay a prefix of the changelog).
-    5. The follow-up records of each drained command (its result, a request body, a cancel, a
-       compaction, script commands) are produced; once all are delivered the command is done and
-       its offset may enter the next `c` row. A crash before that reads the command again after
-       the restart, and its outcome is published again.
-    """
+    """Everything one partition's writer holds: cached states, the open and the committing
+    checkpoint, and the committer task that turns one into the other
+    (docs/architecture.md, "Commit protocol")."""
 
     def __init__(
         self,
         partition: int,
-        table: RowTable,
+        store: RowStore,
         topics: Any,
-        send: Send,
+        producer: TransactionalProducer | None,
         *,
         max_cached_streams: int,
         partitions: int = 0,  # the topic's partition count, to refuse misrouted commands (0: no check)
@@ -271,12 +158,13 @@ class PartitionEngine:
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
         fatal: Callable[[BaseException], None] | None = None,
+        on_fenced: Callable[[PartitionEngine, BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self.partition = partition
-        self.table = table
+        self.store = store
         self.topics = topics
-        self.send = send
+        self.producer = producer
         self.clock_ms = clock_ms
         self.partitions = partitions
         self.default_model = default_model
@@ -285,24 +173,27 @@ class PartitionEngine:
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.on_wake: Callable[[int], None] | None = None  # told of every wakeup pushed (the worker's timer)
         self.max_cached_streams = max_cached_streams
-        self.max_pending = max_pending
+        self.max_pending = max_pending  # commands staged at most while a checkpoint commits
         self.max_event_bytes = max_event_bytes
         self.append_id_window = append_id_window
         self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
-        self.overlay: dict[bytes, bytes | None] = {}  # rows decided but not yet stored
-        self.overlay_owner: dict[bytes, InFlightCommand] = {}
-        self.queue: deque[InFlightCommand] = deque()
+        self.open = Checkpoint(partition)  # what is being decided
+        self.committing: Checkpoint | None = None  # what is being committed
         # Set by the worker once recovery's command backlog is read: scheduler decisions are
         # journaled at once and must not overtake it.
         self.scheduling = False
         self.fatal = fatal
-        self._drain_lock = asyncio.Lock()
-        self._drain_task: asyncio.Task[None] | None = None
+        self.on_fenced = on_fenced
+        self.fenced: BaseException | None = None
+        self._work = asyncio.Event()  # the open checkpoint has something to commit
+        self._committed = asyncio.Event()  # set after every commit (back-pressure, flush)
+        self._committer: asyncio.Task[None] | None = None
         self.handled = 0
         self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
         self._check_row_format()
-        self.positions = CommandPositions.decode(table.get(rows.command_positions_key(partition)))
-        self.active = True  # False once the partition is revoked: nothing more may be produced
+        self.positions = CommandPositions.decode(store.get(rows.command_positions_key(partition)))
+        self.journal_position = self.recorded_position()
+        self.active = True  # False once the partition is revoked or fenced: nothing more is decided
         # This partition's streams with a request open / paused: the gauges sum them over the
         # partitions a worker owns now (`metrics.count_turns`), so a revoked partition drops out.
         self.open_requests = 0
@@ -313,15 +204,22 @@ class PartitionEngine:
     def _check_row_format(self) -> None:
         """Stop (`RowFormatError`) on rows another version wrote; mark a store this version's."""
         key = rows.format_key(self.partition)
-        stored = self.table.get(key)
+        stored = self.store.get(key)
         row_codec.check_format(stored, self.partition)
         if stored is None:
-            self.table.put(key, row_codec.encode_format())  # stored with the partition's next rows
+            self.open.put(key, row_codec.encode_format())  # stored with the partition's first checkpoint
+
+    def _staged(self) -> list[dict[bytes, bytes | None]]:
+        """Rows decided but not stored yet, newest first."""
+        if self.committing is None:
+            return [self.open.rows]
+        return [self.open.rows, self.committing.rows]
 
     def read(self, key: bytes) -> bytes | None:
-        if key in self.overlay:
-            return self.overlay[key]
-        return self.table.get(key)
+        for staged in self._staged():
+            if key in staged:
+                return staged[key]
+        return self.store.get(key)
 
     def entry(self, path: str) -> StreamEntry:
         entry = self.streams.get(path)
@@ -340,11 +238,13 @@ class PartitionEngine:
 
     def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Stored rows under `prefix` with the rows decided but not yet stored laid over them."""
-        staged = {key: value for key, value in self.overlay.items() if key.startswith(prefix)}
+        staged: dict[bytes, bytes | None] = {}
+        for layer in reversed(self._staged()):  # oldest first: newer writes win
+            staged.update((key, value) for key, value in layer.items() if key.startswith(prefix))
         if not staged:
-            yield from self.table.scan(prefix)
+            yield from self.store.scan(prefix)
             return
-        merged: dict[bytes, bytes | None] = dict(self.table.scan(prefix))
+        merged: dict[bytes, bytes | None] = dict(self.store.scan(prefix))
         merged.update(staged)
         for key in sorted(merged):
             value = merged[key]
@@ -352,132 +252,114 @@ class PartitionEngine:
                 yield key, value
 
     def _evict(self) -> None:
-        # A stream with rows still queued stays cached: its state is ahead of the store.
+        # A stream with rows not yet stored stays cached: its state is ahead of the store.
         while len(self.streams) > self.max_cached_streams:
             for path in self.streams:
-                if rows.meta_key(path) not in self.overlay:
+                key = rows.meta_key(path)
+                if not any(key in staged for staged in self._staged()):
                     del self.streams[path]
                     break
             else:
                 return
 
-    def _stage(self, in_flight: InFlightCommand) -> None:
-        for key, value in in_flight.rows:
-            self.overlay[key] = value
-            self.overlay_owner[key] = in_flight
-        self.queue.append(in_flight)
-        if in_flight.awaiting == 0:
-            self._delivered(None)
+    # --- committing ----------------------------------------------------------------------------
 
-    def _on_settled(self) -> None:
-        self._delivered(None)
+    def _staged_work(self) -> None:
+        self._work.set()
+        if self._committer is None:
+            self._committer = asyncio.get_running_loop().create_task(
+                self._commit_forever(), name=f"commit-{self.partition}"
+            )
 
-    def _delivered(self, _: object) -> None:
-        """A delivery completed: store what is ready now, without waiting for the next command.
-        Deliveries resolve in bursts (one producer poll); one drain task serves a burst."""
-        if self._drain_task is None or self._drain_task.done():
-            self._drain_task = asyncio.get_running_loop().create_task(self._drain_soon())
-
-    async def _drain_soon(self) -> None:
-        try:
-            await self.drain(wait=False)
-        except Exception as error:  # a failed delivery: the state is ahead of the journal
-            if self.fatal is None:
-                raise
-            self.fatal(error)
-
-    async def drain(self, wait: bool) -> int:
-        """Store the rows of every queued command whose deliveries are acknowledged, in order."""
-        async with self._drain_lock:  # one drain at a time: rows, acks and the position stay in order
-            return await self._drain(wait)
-
-    async def _drain(self, wait: bool) -> int:
-        stored = 0
-        position = None
-        queue = self.queue
-        while queue:
-            in_flight = queue[0]
-            if not in_flight.done():
-                if not wait:
-                    break
-                await in_flight.wait()
-            queue.popleft()
-            self._store(in_flight)
-            if in_flight.journal_offset is not None:
-                position = in_flight.journal_offset
-            self._send_follow_ups(in_flight.command, in_flight.after)
-            stored += 1
-        if position is not None:
-            # Once per batch, after every row it covers: recovery re-folds the journal past it.
-            self.table.put(rows.position_key(self.partition), row_codec.encode_offset(position))
-        positions_changed = self.positions.changed
-        if positions_changed:
-            self.positions.changed = False
-            self.table.put(rows.command_positions_key(self.partition), self.positions.encode())
-        if stored or position is not None or positions_changed:
-            await self.table.flush()
-        return stored
-
-    def _store(self, in_flight: InFlightCommand) -> None:
-        if in_flight.error is not None:
-            raise in_flight.error  # the journal (or the dead-letter topic) lacks it: only a restart is safe
-        put = self.table.put
-        for key, value in in_flight.rows:
-            put(key, value)
-            if self.overlay_owner.get(key) is in_flight:
-                del self.overlay_owner[key]
-                del self.overlay[key]
-
-    def _send_follow_ups(self, command: CommandRecord, records: list[tuple[str, bytes, bytes]]) -> None:
-        """Publish what follows a journaled command. The command is done once these are in Kafka
-        too: a crash before that reads the command again, and its outcome is published again."""
-
-        def finished(internal: bool, offset: int) -> None:
-            if not command.scheduled:  # read from no topic: no position to advance
-                self.positions.finished(internal, offset)
-
-        if not records:
-            finished(command.internal, command.offset)
-            return
-        remaining = len(records)
-
-        def delivered(error: KafkaError | None, _message: Any) -> None:
-            nonlocal remaining
-            if error is not None:
-                failure = RuntimeError(f"record after the journal not delivered: {error.str()}")
+    async def _commit_forever(self) -> None:
+        """Commit the open checkpoint whenever it holds something, one transaction at a time; the
+        next checkpoint is decided meanwhile. Stops for good when the partition is fenced."""
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            if not self.open:
+                continue
+            try:
+                await self.commit()
+            except Exception as error:
+                if self.fenced is not None:
+                    return
                 if self.fatal is None:
-                    raise failure
-                self.fatal(failure)  # an outcome the journal promised is lost: restart and republish
+                    raise
+                self.fatal(error)  # the state is ahead of what Kafka holds: only a restart is safe
                 return
-            remaining -= 1
-            if remaining == 0:
-                finished(command.internal, command.offset)
-                self._delivered(None)  # record the new position soon, even if no command follows
 
-        for topic, key, value in records:
-            self.send(topic, key, value, [], delivered)
+    async def commit(self) -> None:
+        """Commit the open checkpoint now (`Checkpoint.commit`); a new one opens at once."""
+        while self.committing is not None:  # one transaction at a time
+            self._committed.clear()
+            await self._committed.wait()
+        checkpoint, self.open = self.open, Checkpoint(self.partition)
+        if not checkpoint or self.fenced is not None:
+            return
+        assert self.producer is not None, "an engine without a producer only catches up"
+        self.committing = checkpoint
+        try:
+            await checkpoint.commit(
+                self.producer, self.store, self.topics.journal, self.positions.done, self.journal_position
+            )
+        except Fenced as error:
+            self._fence(error)
+            raise
+        finally:
+            self.committing = None
+            self._committed.set()
+        self.positions.done.update(checkpoint.read)
+        self.journal_position = max(self.journal_position, checkpoint.journal_offset)
+
+    def _fence(self, error: BaseException) -> None:
+        """Another worker owns the partition now: drop everything, write nothing more."""
+        self.fenced = error
+        self.active = False
+        self.streams.clear()
+        self.open = Checkpoint(self.partition)
+        metrics.FENCED.inc()
+        log.warning("partition %d fenced: another worker owns it now (%s); dropping it", self.partition, error)
+        if self.on_fenced is not None:
+            self.on_fenced(self, error)
+
+    async def flush(self) -> None:
+        """Commit everything staged so far (a revoked partition's last checkpoint, recovery). A
+        fenced partition commits nothing more: it returns at once (`fenced` tells)."""
+        while (self.open or self.committing is not None) and self.fenced is None:
+            try:
+                await self.commit()
+            except Fenced:
+                return
+
+    def publish(self, topic: str, key: bytes, value: bytes) -> None:
+        """Send a record with the next checkpoint (what recovery publishes again, expiries)."""
+        self.open.follow(topic, key, value)
+        self._staged_work()
 
     # --- commands ------------------------------------------------------------------------------
 
     async def handle_batch(self, commands: Iterable[CommandRecord]) -> None:
-        """Decide and produce a batch of this partition's commands, in order."""
-        if len(self.queue) >= self.max_pending:
-            await self.drain(wait=True)  # back-pressure: the journal is slower than the input
+        """Decide a batch of this partition's commands, in order, into the open checkpoint."""
+        while self.open.commands >= self.max_pending and self.active:
+            self._committed.clear()  # back-pressure: the journal is slower than the input
+            await self._committed.wait()
         if not self.active:
-            return  # revoked while waiting: the new owner reads these commands again
-        arrived = self.positions.arrived
+            return  # revoked or fenced while waiting: the owner reads these commands again
+        read = self.open.read
         for command in commands:
             self.handled += 1
             if self.handled % heap.SETTLE_EVERY == 0:
                 heap.settle()
-            arrived(command.internal, command.offset)
             if not command.internal:
                 self.last_offset = command.offset
             try:
                 decision = self._decide(command)
             except Exception as error:  # nothing a command holds may stop the partition
                 decision = self._internal_error(command, error)
-            self._carry_out(command, decision)
+            self._carry_out(decision)
+            read[command.internal] = command.offset
+        self._staged_work()
 
     async def handle(self, command: CommandRecord) -> None:
         await self.handle_batch((command,))
@@ -502,9 +384,9 @@ class PartitionEngine:
         if not command.scheduled and entry.sources.covers(command.internal, command.offset):
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
-            in_flight = InFlightCommand(command, [])
-            self._republish(in_flight, append)
-            return HandledCommand(in_flight)
+            handled = HandledCommand(command, [])
+            self._republish(handled, append)
+            return handled
         if not command.internal:
             forbidden = worker_only_reason(append.type, append.payload)
             if forbidden is not None:
@@ -513,7 +395,7 @@ class PartitionEngine:
             stale = stale_expiry(entry.state, append, self.read)
             if stale is not None:  # the caller's settlement was journaled first: nothing to expire
                 log.info("%s: expiry command not journaled: %s", append.streamPath, stale)
-                return HandledCommand(InFlightCommand(command, []))
+                return HandledCommand(command, [])
         state = entry.state
         was_open, was_paused = state.open, state.paused
         sources = entry.sources if command.scheduled else entry.sources.advanced(command.internal, command.offset)
@@ -540,16 +422,17 @@ class PartitionEngine:
                     headers.append((H_SOURCE_TOPIC, INTERNAL))
             if append.appendId is not None:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
-            in_flight = InFlightCommand(command, outcome.rows)
-            self._result(in_flight, append, "journaled", outcome.event.offset)
-            self._after_fold(entry, outcome.event, in_flight)
-            self._script_follow_ups(entry, outcome.event, in_flight)
-            return HandledCommand(in_flight, journal=(outcome.record, headers))
+            handled = HandledCommand(command, outcome.rows)
+            self._result(handled, append, "journaled", outcome.event.offset)
+            self._after_fold(entry, outcome.event, handled)
+            self._script_follow_ups(entry, outcome.event, handled)
+            handled.journal = (outcome.record, headers)
+            return handled
         if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
-            in_flight = InFlightCommand(command, [])
-            self._result(in_flight, append, "duplicate", outcome.offset, outcome.reason)
-            return HandledCommand(in_flight)
+            handled = HandledCommand(command, [])
+            self._result(handled, append, "duplicate", outcome.offset, outcome.reason)
+            return handled
         assert isinstance(outcome, Rejected)
         return self._rejection(command, append, outcome.reason)
 
@@ -570,12 +453,13 @@ class PartitionEngine:
         )
 
     def _rejection(self, command: CommandRecord, append: AppendCommand | None, reason: str) -> HandledCommand:
-        in_flight = InFlightCommand(command, [])
+        handled = HandledCommand(command, [])
         if append is not None:
-            self._result(in_flight, append, "rejected", None, reason)
-        return HandledCommand(in_flight, reject_reason=reason)
+            self._result(handled, append, "rejected", None, reason)
+        handled.reject_reason = reason
+        return handled
 
-    def _republish(self, in_flight: InFlightCommand, append: AppendCommand) -> None:
+    def _republish(self, handled: HandledCommand, append: AppendCommand) -> None:
         """A redelivered, already journaled command: its command position was not recorded as
         done, so its result may never have reached Kafka (the worker died first). Publish it
         again for a client still waiting. (What an open request needs, its call record, a cancel
@@ -584,7 +468,7 @@ class PartitionEngine:
             return
         found = self.read(rows.append_id_key(append.streamPath, append.appendId))
         if found is not None:
-            self._result(in_flight, append, "journaled", row_codec.decode_offset(found))
+            self._result(handled, append, "journaled", row_codec.decode_offset(found))
 
     def _request_messages(self, entry: StreamEntry, request_offset: int, model: str) -> list[dict[str, Any]] | None:
         """The messages request R was sent with: from memory, else rendered again exactly as R saw
@@ -618,10 +502,10 @@ class PartitionEngine:
         )
         return _record_bytes(record)
 
-    def _carry_out(self, command: CommandRecord, decision: HandledCommand) -> None:
-        """The I/O of one decision. A failure here is Kafka's, and stops the worker."""
-        in_flight = decision.in_flight
-        in_flight.on_settled = self._on_settled
+    def _carry_out(self, decision: HandledCommand) -> None:
+        """Stage one decision in the open checkpoint: its record, its rows, what follows it."""
+        command = decision.command
+        checkpoint = self.open
         if decision.reject_reason is not None:
             reason = decision.reject_reason
             metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
@@ -636,13 +520,15 @@ class PartitionEngine:
                 ("source-partition", str(command.partition).encode()),
                 (H_SOURCE_OFFSET, str(command.offset).encode()),
             ]
-            in_flight.awaiting += 1
-            self.send(self.topics.dlq, command.key, command.value, headers, in_flight.dlq_delivered)
+            checkpoint.produce(self.topics.dlq, command.key, command.value, headers)
         if decision.journal is not None:
             record, headers = decision.journal
-            in_flight.awaiting += 1
-            self.send(self.topics.journal, command.key, record, headers, in_flight.journal_delivered)
-        self._stage(in_flight)
+            checkpoint.produce(self.topics.journal, command.key, record, headers)
+        for key, value in decision.rows:
+            checkpoint.rows[key] = value
+        for topic, key, value in decision.after:
+            checkpoint.follow(topic, key, value)
+        checkpoint.commands += 1
 
     def _misrouted(self, command: CommandRecord, path: str) -> str | None:
         """One writer per stream holds only if every command of a stream lands on its partition."""
@@ -657,7 +543,7 @@ class PartitionEngine:
 
     def _result(
         self,
-        in_flight: InFlightCommand,
+        handled: HandledCommand,
         append: AppendCommand,
         status: AppendStatus,
         offset: int | None,
@@ -665,11 +551,11 @@ class PartitionEngine:
     ) -> None:
         if append.appendId is not None:
             outcome = AppendOutcome.encode_trusted(append.appendId, append.streamPath, status, offset, reason)
-            in_flight.after.append((self.topics.results, append.streamPath.encode(), outcome))
+            handled.after.append((self.topics.results, append.streamPath.encode(), outcome))
 
     # --- scheduling ------------------------------------------------------------------------
 
-    def _after_fold(self, entry: StreamEntry, event: Any, in_flight: InFlightCommand) -> None:
+    def _after_fold(self, entry: StreamEntry, event: Any, handled: HandledCommand) -> None:
         """What a journaled event sets in motion: a request body, a cancel, a compaction, a wakeup."""
         state = entry.state
         path = event.streamPath
@@ -682,23 +568,23 @@ class PartitionEngine:
                     state, self.transport, event.createdAt, self.render_budget(open_request.model)
                 )
             entry.last_request = (event.offset, messages)
-            in_flight.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
+            handled.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
         elif open_request is not None and open_request.interruptedBy == event.offset:
-            in_flight.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
+            handled.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
         elif event.type == LLM_REQUEST_SETTLED and not isinstance(event, InvalidPayloadEvent):
             notice = SettledNotice(kind="settled", streamPath=path, requestOffset=event.payload.requestOffset)
-            in_flight.after.append((self.topics.llm_requests, path.encode(), _record_bytes(notice)))
+            handled.after.append((self.topics.llm_requests, path.encode(), _record_bytes(notice)))
         elif event.type == TOKEN_USAGE_REPORTED:
             compact = self._compaction(entry, event.offset)
             if compact is not None:
-                in_flight.after.append((self.topics.llm_requests, path.encode(), compact))
+                handled.after.append((self.topics.llm_requests, path.encode(), compact))
         self.wake(path, 0)
 
-    def _script_follow_ups(self, entry: StreamEntry, event: Any, in_flight: InFlightCommand) -> None:
+    def _script_follow_ups(self, entry: StreamEntry, event: Any, handled: HandledCommand) -> None:
         """Agents run code: the run request, feedback or script result the event calls for (commands
         to the internal topic), and each journaled run request for the capability host (script-runs).
         All are published once the journal acknowledges the event."""
-        in_flight.after.extend(self._script_commands(entry.state, event))
+        handled.after.extend(self._script_commands(entry.state, event))
         if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
             payload = event.payload
             record = script_run_record(
@@ -710,7 +596,7 @@ class PartitionEngine:
                 payload.expiresAt,
                 entry.state.config.scriptTimeoutMs,
             )
-            in_flight.after.append((self.topics.script_runs, event.streamPath.encode(), record))
+            handled.after.append((self.topics.script_runs, event.streamPath.encode(), record))
 
     def _script_commands(self, state: AgentState, event: Any) -> list[tuple[str, bytes, bytes]]:
         """The commands agent-run code calls for after `event` (`state`: folded through it)."""
@@ -726,7 +612,7 @@ class PartitionEngine:
         timeout: (stream path, run, timeoutMs). The worker publishes their `script-runs` records
         again after recovery (their code is read back from the journal)."""
         runs: list[tuple[str, ScriptRun, int]] = []
-        for _, value in self.table.scan(rows.META + rows.SEP):
+        for _, value in self._scan(rows.META + rows.SEP):
             meta = row_codec.decode_meta_row(value)
             if meta.scripts:
                 state = self.entry(meta.path).state
@@ -773,9 +659,10 @@ class PartitionEngine:
         A decision's appends are journaled here and now, like a command read from a topic: a turn
         costs no round trip through Kafka before its request is published. A decision that must
         not overtake commands already produced (an expiry: the caller may have produced R's
-        settlement just before) is returned instead, as commands for `agent-internal-appends`,
-        where they queue behind those. The worker calls this only once a recovered partition has
-        read the commands that waited at recovery, so no decision overtakes those either.
+        settlement just before) is sent instead as a command to `agent-internal-appends` with the
+        next checkpoint, where it queues behind those; the commands sent are returned. The worker
+        calls this only once a recovered partition has read the commands that waited at recovery,
+        so no decision overtakes those either.
         """
         due: list[str] = []
         seen: set[str] = set()
@@ -803,7 +690,9 @@ class PartitionEngine:
                 if sent_at is not None and now_ms - sent_at < RESEND_AFTER_MS:
                     continue
                 entry.sent[append.idempotencyKey] = now_ms
-                commands.append((path, append.command(path)))
+                body = append.command(path)
+                self.publish(self.topics.internal_appends, path.encode(), orjson.dumps(body))
+                commands.append((path, body))
         return commands
 
     def _journal_scheduled(self, path: str, body: dict[str, Any]) -> None:
@@ -814,13 +703,14 @@ class PartitionEngine:
             decision = self._decide(command)
         except Exception as error:  # as for commands: dead-letter it, keep the partition going
             decision = self._internal_error(command, error)
-        self._carry_out(command, decision)
+        self._carry_out(decision)
+        self._staged_work()
 
     def wake_streams_with_work(self) -> None:
         """After recovery (a restart or a rebalance): wake every stream with a pending trigger or an
         open request, and count the gauges from the rows."""
         self.open_requests = self.paused_agents = 0
-        for _, value in self.table.scan(rows.META + rows.SEP):
+        for _, value in self._scan(rows.META + rows.SEP):
             meta = row_codec.decode_meta_row(value)
             self.open_requests += meta.open is not None
             self.paused_agents += meta.paused
@@ -839,7 +729,7 @@ class PartitionEngine:
         journaled would have the caller answer R twice. Repeats that remain are harmless: the caller
         skips what it has handled, and its outcomes carry idempotency keys derived from R."""
         records: list[tuple[str, bytes, bytes]] = []
-        for _, value in self.table.scan(rows.META + rows.SEP):
+        for _, value in self._scan(rows.META + rows.SEP):
             meta = row_codec.decode_meta_row(value)
             if meta.open is not None or meta.over_threshold is not None:
                 records.extend(self._open_work(self.entry(meta.path)))  # the current state decides
@@ -875,7 +765,7 @@ class PartitionEngine:
     # --- recovery ------------------------------------------------------------------------------
 
     def recorded_position(self) -> int:
-        value = self.table.get(rows.position_key(self.partition))
+        value = self.store.get(rows.position_key(self.partition))
         return -1 if value is None else row_codec.decode_offset(value)
 
     def catch_up(
@@ -921,7 +811,7 @@ class PartitionEngine:
             )
             entry.sources = sources
             for key, row_value in changed:
-                self.table.put(key, row_value)
+                self.open.put(key, row_value)
             if outcomes is not None:
                 if append_id is not None:
                     outcome = AppendOutcome.encode_trusted(append_id, event.streamPath, "journaled", event.offset)
@@ -931,7 +821,8 @@ class PartitionEngine:
                 outcomes.extend(self._script_commands(entry.state, event))
             refolded += 1
         if position is not None:
-            self.table.put(rows.position_key(self.partition), row_codec.encode_offset(position))
+            self.journal_position = max(self.journal_position, position)
+            self.open.put(rows.position_key(self.partition), row_codec.encode_offset(self.journal_position))
         return refolded
 
 

@@ -43,9 +43,9 @@ from tqdm import tqdm
 
 from pipeline import exit_codes
 from pipeline.cli.agent_command import check_path
-from pipeline.client import consume_ready, watermarks
 from pipeline.journal.replay_fold import PartitionFold, Record
 from pipeline.kafka.partitioner import partition_for
+from pipeline.kafka.read import read_ranges, watermarks
 from pipeline.settings import Settings
 from processors import dedupe, rows
 from topics.admin import KafkaSetupError, quiet_librdkafka, require_topics
@@ -54,6 +54,7 @@ from topics.names import topic_names
 MARKER = ".agentstream-replay"  # in every directory replay created: only those may be overwritten
 FAUST_OFFSET_KEY = b"__faust\0offset__"  # Faust's own row in the live store (its changelog offset)
 BATCH = 10_000  # records per consume call, and at most per write batch
+BOOKKEEPING = (rows.COMMAND_POSITIONS + rows.SEP, rows.POSITION + rows.SEP)  # rows verify does not compare
 
 
 class ReplayRefused(ValueError):
@@ -253,29 +254,21 @@ def replay_partition(
     rows_written = RdictRows(db)
     fold = PartitionFold(task.partition, append_id_window=append_id_window, read=rows_written.get)
     only_key = None if only_path is None else only_path.encode()
-    if task.high > task.low:
-        consumer.assign([TopicPartition(topic, task.partition, task.low)])
-        position = task.low
-        while position < task.high:
-            messages = [message for message in consume_ready(consumer, BATCH, 1.0) if message.error() is None]
-            if messages and messages[-1].offset() >= task.high:  # appended after replay began: not ours
-                messages = [message for message in messages if message.offset() < task.high]
-            if not messages:
-                continue
-            position = messages[-1].offset() + 1
-            if only_key is not None:
-                records: list[Record] = [
-                    (message.offset(), message.value(), message.headers())
-                    for message in messages
-                    if message.key() == only_key
-                ]
-            else:
-                records = [(message.offset(), message.value(), message.headers()) for message in messages]
-            fold.fold(records)
-            staged = fold.take()
-            if staged:
-                _write(db, staged)
-            report(len(messages))
+    ranges = {task.partition: (task.low, task.high)}  # up to the end replay began with: later records are not ours
+    for messages in read_ranges(consumer, topic, ranges, max_messages=BATCH, poll_s=1.0):
+        if only_key is not None:
+            records: list[Record] = [
+                (message.offset(), message.value(), message.headers())
+                for message in messages
+                if message.key() == only_key
+            ]
+        else:
+            records = [(message.offset(), message.value(), message.headers()) for message in messages]
+        fold.fold(records)
+        staged = fold.take()
+        if staged:
+            _write(db, staged)
+        report(len(messages))
     staged = fold.take()  # the format row of a partition with nothing to replay
     if staged:
         _write(db, staged)
@@ -303,7 +296,7 @@ def replay(
     prepare_out_dir(out_dir, settings.data_dir)
     stats = ReplayStats()
     started = time.monotonic()
-    consumer = _consumer(settings.kafka_client_config())
+    consumer = _consumer(settings.kafka_consumer_config())
     helpers: _Helpers | None = None
     outputs = _Outputs(out_dir)
     try:
@@ -315,7 +308,7 @@ def replay(
             # this process, which is up already, takes the largest partition.
             helpers = _Helpers(
                 min(jobs, len(partitions)) - 1,
-                settings.kafka_client_config(),
+                settings.kafka_consumer_config(),
                 names.journal,
                 out_dir,
                 only_path,
@@ -345,6 +338,7 @@ def replay(
                 for events, streams in helpers.wait(bar.update):
                     stats.events += events
                     stats.streams.update(streams)
+            bar.total = bar.n  # the ends' sum was an upper bound: transaction markers take offsets too
     finally:
         outputs.close()
         consumer.close()
@@ -584,13 +578,15 @@ def describe_key(key: bytes) -> str:
 
 def _rows_at(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Every row of one partition's store in key order, but bookkeeping the journal cannot
-    rebuild: Faust's changelog offset and the command topics' read positions."""
+    rebuild: Faust's changelog offset, the command topics' read positions, and the journal
+    position `p`, which the live worker records one checkpoint late (a lower bound for recovery;
+    docs/architecture.md, "Commit protocol")."""
     if not path.exists():
         return
     db = open_rows(path, read_only=True)
     try:
         for key, value in db.items():
-            if key != FAUST_OFFSET_KEY and not key.startswith(rows.COMMAND_POSITIONS + rows.SEP):
+            if key != FAUST_OFFSET_KEY and not key.startswith(BOOKKEEPING):
                 yield bytes(key), bytes(value)
     finally:
         db.close()

@@ -4,16 +4,18 @@ Faust is the framework: consumer group membership, partition assignment, the cha
 RocksDB rows table and its recovery. The data path around it moves records in batches:
 
 - Faust assigns partitions of `agent-journal-owners` (co-partitioned with the rows table); once
-  Faust has restored the rows of an assignment (`on_rebalance_complete`), this worker re-folds
-  each new partition's journal tail (`recover`) and starts reading partition p of both command
-  topics (`CommandReader`);
-- `PartitionEngine` decides each command (pure core) and produces journal, dead-letter, result,
-  request and changelog records through librdkafka (`AsyncProducer`: idempotent, acks=all);
-- rows go to the table's changelog (partition explicit) and then, once acknowledged, to the
-  partition's RocksDB in one write batch with Faust's changelog offset (`FaustRows`); the command
-  positions the partition has finished are rows too, so a restart resumes exactly there.
+  Faust has restored the rows of an assignment (`on_rebalance_complete`), this worker takes each
+  new partition over: its transactional producer fences the previous owner, the journal tail is
+  re-folded (`recover`), and partition p of both command topics is read (`CommandReader`);
+- `PartitionEngine` decides each command (pure core) into the partition's open checkpoint, and
+  commits each checkpoint in one Kafka transaction: journal, dead-letter, result, request and
+  changelog records and the command positions (`pipeline.journal.checkpoint`);
+- once committed, the rows go to the partition's RocksDB in one write batch together with Faust's
+  changelog offset (`FaustStore`), so a restart resumes exactly there.
 
-Keys and values are raw bytes everywhere, so prefix scans work (docs/architecture.md).
+Faust reads committed records only here (`pipeline.kafka.faust_committed`): a fenced writer's
+aborted rows are never restored. Keys and values are raw bytes everywhere, so prefix scans work
+(docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import faust
-import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from rocksdict import WriteBatch
@@ -35,8 +36,9 @@ from pipeline import exit_codes, metrics
 from pipeline.capabilities.journal import JournalReader
 from pipeline.journal.command_reader import CommandReader
 from pipeline.journal.due_timer import DueTimer
-from pipeline.journal.engine import PartitionEngine, changelog_order, script_run_record
-from pipeline.kafka.producer import AsyncProducer
+from pipeline.journal.engine import PartitionEngine, script_run_record
+from pipeline.kafka.faust_committed import CommittedTableManager, broker_url
+from pipeline.kafka.producer import PartitionProducer
 from pipeline.settings import Settings
 from processors.row_codec import RowFormatError
 from schemas.capabilities import SCRIPT_RUN_REQUESTED
@@ -48,102 +50,43 @@ RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_s
 ROWS_TABLE = "rows"
 
 
-class FaustRows:
-    """`RowTable` over one partition of the Faust table.
+class FaustStore:
+    """`RowStore` over one partition of the Faust table: its RocksDB and its changelog topic.
 
-    Rows go to the table's changelog first, one record per changed key per `flush()` (the last
-    write of a batch wins), produced with the partition explicit; only once every record of that
-    burst is acknowledged are they written to the local RocksDB in one write batch together with
-    Faust's changelog offset. So the local store never holds a row the changelog lacks: after a
-    crash Faust replays the changelog past that offset and the local store is again exactly a
-    prefix of the changelog, on this machine or a new one. That prefix may end inside a burst; the
-    burst's order (`changelog_order`) makes any such prefix one that catch-up completes. A burst
-    with any failed record is fatal: applying later bursts would make a store the changelog cannot
-    rebuild. Until a burst is stored, reads are served from the rows in flight. (Faust's own
-    table-write path routes each write through the current event and a small buffer; it stalled
-    the worker.)
+    The engine produces the rows to the changelog inside the partition's transaction and writes
+    them here only once that transaction is committed, together with Faust's changelog offset, in
+    one write batch: the local store never holds a row the committed changelog lacks, so after a
+    crash Faust's restore (committed records only) continues exactly where it stopped, on this
+    machine or another. (Faust's own table-write path routes each write through the current event
+    and a small buffer; it stalled the worker.)
     """
 
-    def __init__(self, producer: AsyncProducer, table: Any, partition: int, fatal: Any) -> None:
-        self.producer = producer
+    def __init__(self, table: Any, partition: int) -> None:
         self.table = table
         self.partition = partition
-        self.fatal = fatal
-        self.changelog: dict[bytes, bytes | None] = {}
-        self.in_flight: dict[bytes, tuple[int, bytes | None]] = {}  # key -> (burst, value)
-        self.bursts = 0
+        self.changelog_topic: str = table.changelog_topic.get_topic_name()
 
     def _db(self) -> Any:
         # Faust has no public per-partition read or prefix scan; this is the one place we reach in.
         return self.table.data._db_for_partition(self.partition)
 
     def get(self, key: bytes) -> bytes | None:
-        if key in self.changelog:
-            return self.changelog[key]
-        if key in self.in_flight:
-            return self.in_flight[key][1]
         value = self._db().get(key)
         return None if value is None else bytes(value)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        rows: dict[bytes, bytes | None] = {}
         for key, value in self._db().items(from_key=prefix):
             if not key.startswith(prefix):
                 break
-            rows[bytes(key)] = bytes(value)
-        for key, (_, value) in self.in_flight.items():
-            if key.startswith(prefix):
-                rows[key] = value
-        for key, value in self.changelog.items():
-            if key.startswith(prefix):
-                rows[key] = value
-        for key in sorted(rows):
-            value = rows[key]
-            if value is not None:
-                yield key, value
+            yield bytes(key), bytes(value)
 
-    def put(self, key: bytes, value: bytes | None) -> None:
-        self.changelog[key] = value
-
-    async def flush(self) -> None:
-        """Send the rows put since the last flush as one changelog burst (stored once acknowledged)."""
-        if not self.changelog:
-            return
-        records, self.changelog = self.changelog, {}
-        burst = self.bursts
-        self.bursts += 1
-        topic = self.table.changelog_topic.get_topic_name()
-        remaining = len(records)
-        last_offset = -1
-        failed = False
-
-        def delivered(error: Any, message: Any) -> None:
-            nonlocal remaining, last_offset, failed
-            remaining -= 1
-            if error is not None and not failed:
-                failed = True
-                self.fatal(RuntimeError(f"changelog record not delivered: {error}"))
-                return
-            last_offset = max(last_offset, message.offset())
-            if remaining == 0 and not failed:
-                try:
-                    self._apply(burst, records, last_offset)
-                except Exception as error:  # the local store failed: only a restart is safe
-                    self.fatal(error)
-
-        for key, value in changelog_order(records):  # any prefix of a burst is recoverable
-            self.in_flight[key] = (burst, value)
-            self.producer.send(topic, key, value, self.partition, None, delivered)
-
-    def _apply(self, burst: int, records: dict[bytes, bytes | None], changelog_offset: int) -> None:
+    def write(self, rows: dict[bytes, bytes | None], changelog_offset: int) -> None:
         batch = WriteBatch(raw_mode=True)
-        for key, value in records.items():
+        for key, value in rows.items():
             if value is None:
                 batch.delete(key)
             else:
                 batch.put(key, value)
-            if self.in_flight.get(key, (None,))[0] == burst:
-                del self.in_flight[key]
         # Faust's recovery offset in the same atomic write as the rows it covers.
         batch.put(self.table.data.offset_key, str(changelog_offset).encode())
         self._db().write(batch)
@@ -154,7 +97,10 @@ def build_app(settings: Settings) -> faust.App:
     mb = 1 << 20
     app = faust.App(
         settings.app_id,
-        broker=f"kafka://{settings.bootstrap_servers}",
+        # Faust's aiokafka transport, reading committed records only; its table recovery ends at the
+        # last committed changelog record (`pipeline.kafka.faust_committed`).
+        broker=broker_url(settings.bootstrap_servers),
+        TableManager=CommittedTableManager,
         broker_credentials=_credentials(settings),
         store="rocksdb://",
         datadir=str(settings.data_dir),
@@ -174,7 +120,7 @@ def build_app(settings: Settings) -> faust.App:
         broker_heartbeat_interval=1.0,
         consumer_group_instance_id=settings.worker_instance_id,
         # Faust's own (aiokafka) producer sends only assignment ticks; every data record goes
-        # through librdkafka (`AsyncProducer`).
+        # through a transactional librdkafka producer per partition (`PartitionProducer`).
         stream_wait_empty=False,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
@@ -209,7 +155,8 @@ def build_app(settings: Settings) -> faust.App:
         os._exit(exit_codes.FATAL)
 
     kafka_config = settings.kafka_client_config()
-    producer = AsyncProducer({**kafka_config, "message.max.bytes": LLM_REQUESTS_MAX_MESSAGE_BYTES + (1 << 20)})
+    app.agentstream_kafka_config = kafka_config  # type: ignore[attr-defined]  # CommittedTableManager reads it
+    producer_config = {**kafka_config, "message.max.bytes": LLM_REQUESTS_MAX_MESSAGE_BYTES + (1 << 20)}
     reader = CommandReader(kafka_config, names, f"{settings.app_id}-commands", crash)
     engines = reader.engines
     metrics.count_turns(engines)  # the partitions owned now: a revoked one no longer counts
@@ -218,33 +165,39 @@ def build_app(settings: Settings) -> faust.App:
         """Journal the scheduler's due decisions (requests, pauses, resumes); expiries go behind
         the commands already produced (`PartitionEngine.schedule`). Returns the earliest wakeup left."""
         earliest: int | None = None
-        for partition, engine in list(engines.items()):
+        for engine in list(engines.values()):
             if not engine.scheduling:
                 continue
-            for path, command in engine.schedule(now_ms):
-                producer.send(names.internal_appends, path.encode(), orjson.dumps(command), partition)
+            engine.schedule(now_ms)
             if engine.wakeups and (earliest is None or engine.wakeups[0][0] < earliest):
                 earliest = engine.wakeups[0][0]
         return earliest
 
     due_timer = DueTimer(run_due)
 
-    def new_engine(partition: int) -> PartitionEngine:
-        def send(
-            topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]], on_delivery: Any
-        ) -> None:
-            producer.send(topic, key, value, partition, headers, on_delivery)
+    def fenced(engine: PartitionEngine, _error: BaseException) -> None:
+        """A newer owner fenced this partition's producer: stop reading it; keep the others."""
+        if reader.engines.get(engine.partition) is engine:
+            reader.release(engine.partition)
+        engine.producer.close()  # type: ignore[union-attr]
 
+    async def take_over(partition: int) -> PartitionEngine:
+        """A new engine for `partition`, its producer initialised: from here on, every earlier owner
+        is fenced and its open transaction aborted, so the journal read next is final."""
+        transactional_id = settings.journal_transactional_id(partition) if settings.transactions else None
+        producer = PartitionProducer(producer_config, transactional_id)
+        await producer.start()
         engine = PartitionEngine(
             partition,
-            FaustRows(producer, table, partition, crash),
+            FaustStore(table, partition),
             names,
-            send,
+            producer,
             max_cached_streams=settings.max_cached_streams,
             partitions=settings.partitions,
             max_event_bytes=settings.max_event_bytes,
             append_id_window=settings.append_id_window,
             fatal=crash,
+            on_fenced=fenced,
             default_model=settings.default_model,
             transport=settings.transport,
             render_budget=settings.render_budget_for,
@@ -252,40 +205,39 @@ def build_app(settings: Settings) -> faust.App:
         engine.on_wake = due_timer.at
         return engine
 
-    def must_deliver(error: Any, _message: Any) -> None:
-        if error is not None:  # a republished outcome lost again: restart and republish
-            crash(RuntimeError(f"record republished at recovery not delivered: {error.str()}"))
+    def aiokafka_reader() -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            enable_auto_commit=False,
+            **settings.aiokafka_consumer_config(),
+        )
 
     async def recover(engine: PartitionEngine) -> None:
         """Re-fold the journal tail past the rows' recorded position (crash or rebalance), and
-        publish the results of what it re-folds (its writer may have died before doing so)."""
+        publish again what it re-folds (its writer may have died before doing so)."""
         started = time.monotonic()
         position = engine.recorded_position()
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
-        )
+        consumer = aiokafka_reader()
         await consumer.start()
         refolded = 0
         try:
             tp = TopicPartition(names.journal, engine.partition)
             consumer.assign([tp])
-            end = (await consumer.end_offsets([tp]))[tp]
+            end = (await consumer.end_offsets([tp]))[tp]  # read_committed: the last stable offset
             if position + 1 < end:
                 consumer.seek(tp, position + 1)
-                while True:
+                # The end may be a transaction marker, never delivered: stop on the position.
+                while await consumer.position(tp) < end:
                     batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
-                    records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, [])]
+                    records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, []) if r.offset < end]
                     outcomes: list[tuple[str, bytes, bytes]] = []
                     refolded += engine.catch_up(records, outcomes)
-                    await engine.table.flush()
                     for topic, key, value in outcomes:
-                        producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
-                    if records and records[-1][0] + 1 >= end:
-                        break
+                        engine.publish(topic, key, value)
+                    await engine.flush()
         finally:
             await consumer.stop()
-        await engine.table.flush()  # the format row a new store got on open, even with nothing to re-fold
-        await producer.drain()
+        await engine.flush()  # the format row a new store got on open, even with nothing to re-fold
         log.info(
             "partition %d: re-folded %d journal events past position %d in %.2fs",
             engine.partition,
@@ -297,9 +249,7 @@ def build_app(settings: Settings) -> faust.App:
 
     async def command_ends(partition: int) -> dict[bool, int]:
         """The end offsets of both command topics' partition p now: what was waiting at recovery."""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, **settings.aiokafka_config()
-        )
+        consumer = aiokafka_reader()
         await consumer.start()
         try:
             appends = TopicPartition(names.appends, partition)
@@ -310,17 +260,17 @@ def build_app(settings: Settings) -> faust.App:
             await consumer.stop()
 
     async def after_backlog(engine: PartitionEngine, ends: dict[bool, int]) -> None:
-        """Once the commands that waited at recovery are done: publish again what open requests
-        still need (`PartitionEngine.republish_open_work`), then start scheduling turns, whose
-        decisions must not overtake those commands (a settlement, new input)."""
-        done = engine.positions.done
-        while engine.active and not (done[False] >= ends[False] - 1 and done[True] >= ends[True] - 1):
+        """Once the commands that waited at recovery are committed: publish again what open
+        requests still need (`PartitionEngine.republish_open_work`), then start scheduling turns,
+        whose decisions must not overtake those commands (a settlement, new input)."""
+        while engine.active and not reader.read_through(engine.partition, ends):
             await asyncio.sleep(0.05)
+        await engine.flush()
         if not engine.active:
-            return  # revoked: the next owner does it
+            return  # revoked or fenced: the next owner does it
         records = engine.republish_open_work()
         for topic, key, value in records:
-            producer.send(topic, key, value, engine.partition, on_delivery=must_deliver)
+            engine.publish(topic, key, value)
         engine.scheduling = True
         due_timer.at(0)  # decide what became due while the backlog was read
         log.info("partition %d: published again %d records open requests need", engine.partition, len(records))
@@ -355,7 +305,7 @@ def build_app(settings: Settings) -> faust.App:
                 except (ValueError, KeyError, TypeError) as error:
                     log.error("%s: run %s cannot be published again: %s", path, run.executionId, error)
                     continue
-                producer.send(names.script_runs, path.encode(), value, engine.partition, on_delivery=must_deliver)
+                engine.publish(names.script_runs, path.encode(), value)
                 published += 1
         finally:
             await asyncio.to_thread(events.close)
@@ -368,31 +318,36 @@ def build_app(settings: Settings) -> faust.App:
         return {tp.partition for tp in app.consumer.assignment() if tp.topic == names.journal_owners}
 
     async def start_partitions() -> None:
-        """Recover each newly owned partition (re-fold the journal tail) and start reading its
-        commands. Runs once Faust has restored the rows of the new assignment."""
-        for partition in sorted(owned_now()):
-            if partition in engines or partition in starting:
-                continue
-            starting.add(partition)
-            try:
-                engine = new_engine(partition)
-                ends = await command_ends(partition)
-                await recover(engine)
-                if partition in owned_now():  # not revoked meanwhile by another rebalance
-                    reader.own(engine)
-                    task = asyncio.get_running_loop().create_task(
-                        after_backlog(engine, ends), name=f"after-backlog-{partition}"
-                    )
-                    background.add(task)  # a reference until it ends: the loop keeps only weak ones
-                    task.add_done_callback(background.discard)
-            except Exception as error:
-                crash(error)
-            finally:
-                starting.discard(partition)
+        """Take each newly owned partition over, all at once. Runs once Faust has restored the rows
+        of the new assignment."""
+        new = [p for p in sorted(owned_now()) if p not in engines and p not in starting]
+        starting.update(new)
+        await asyncio.gather(*(start_partition(partition) for partition in new))
+
+    async def start_partition(partition: int) -> None:
+        """Fence the partition's last owner, re-fold the journal tail, start reading its commands."""
+        try:
+            engine = await take_over(partition)
+            ends = await command_ends(partition)
+            await recover(engine)
+            if partition in owned_now() and engine.active:  # not revoked meanwhile by another rebalance
+                reader.own(engine)
+                task = asyncio.get_running_loop().create_task(
+                    after_backlog(engine, ends), name=f"after-backlog-{partition}"
+                )
+                background.add(task)  # a reference until it ends: the loop keeps only weak ones
+                task.add_done_callback(background.discard)
+            else:
+                engine.active = False
+                await engine.flush()
+                engine.producer.close()  # type: ignore[union-attr]
+        except Exception as error:
+            crash(error)
+        finally:
+            starting.discard(partition)
 
     @app.on_rebalance_complete.connect
     async def rebalanced(app: Any, **_: Any) -> None:
-        producer.start()
         reader.start()
         asyncio.get_running_loop().create_task(start_partitions(), name="start-partitions")
 
@@ -419,14 +374,13 @@ def build_app(settings: Settings) -> faust.App:
             engine = reader.release(tp.partition)
             if engine is not None:
                 released.append(engine)
-        # Let in-flight records land, and rows and positions be stored, before another worker
-        # reads the partitions: drain, deliver the follow-ups, store what they finished.
+        # Commit what was decided before another worker reads the partitions (a fenced engine
+        # commits nothing: its partition is already another's).
         for engine in released:
-            await engine.drain(wait=True)
-        await producer.drain()
-        for engine in released:
-            await engine.drain(wait=True)
-        await producer.drain()
+            try:
+                await engine.flush()
+            finally:
+                engine.producer.close()  # type: ignore[union-attr]
 
     app.agentstream_engines = engines  # type: ignore[attr-defined]
     return app

@@ -1,10 +1,9 @@
-"""A librdkafka producer (confluent-kafka) driven from the asyncio event loop.
+"""The journal worker's producer: librdkafka (confluent-kafka), one per owned partition.
 
 librdkafka batches and retries in its own threads, and is idempotent (`acks=all`,
 `enable.idempotence`): per partition, records land in the order they were produced, exactly once.
-Delivery callbacks run inside `poll()`, in the calling thread; this wrapper polls from the event
-loop only, so every callback runs on the loop (a `KafkaError` is an argument, not an exception:
-the callback decides what a failure means).
+Delivery callbacks run inside `poll()` or `flush()`, in the calling thread (a `KafkaError` is an
+argument, not an exception: the callback decides what a failure means).
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from topics.admin import quiet_librdkafka
 
@@ -26,41 +25,91 @@ Headers = Sequence[tuple[str, bytes]]
 OnDelivery = Callable[[KafkaError | None, Message], None]
 
 
-class AsyncProducer:
-    """librdkafka from the event loop: `send` with a delivery callback (no future per record, the
-    hot path), served by polling on the loop."""
+FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 
-    def __init__(self, config: dict[str, Any], *, poll_interval_s: float = 0.001) -> None:
-        self._producer = Producer(
-            quiet_librdkafka(
-                {
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    # 5 ms: at 1 ms a turn is ~10 ms faster (bench/turns.py), but at 5 000 appends/s
-                    # the many small produce requests saturate a 2-core broker (append->journaled
-                    # p99 53 ms -> 3.5 s in bench/journal.py).
-                    "linger.ms": 5,
-                    # No compression: aiokafka readers (Faust's changelog recovery, the caller)
-                    # would need extra codec libraries, and records here are small JSON.
-                    "queue.buffering.max.messages": 1_000_000,
-                    "queue.buffering.max.kbytes": 1_048_576,
-                    **config,
-                }
-            )
-        )
-        self._poll_interval_s = poll_interval_s
-        self._poller: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Start polling for deliveries from the running loop."""
-        if self._poller is None:
-            self._poller = asyncio.get_running_loop().create_task(self._poll_forever(), name="producer-poll")
+class _FencingIsAHandOver(logging.Filter):
+    """librdkafka logs a fenced producer as CRITICAL; here it is the expected end of a stale owner's
+    writes (the engine logs `fenced` once per partition), so it is a warning."""
 
-    async def _poll_forever(self) -> None:
-        producer = self._producer
-        while True:
-            producer.poll(0)
-            await asyncio.sleep(self._poll_interval_s if len(producer) else 0.01)
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.WARNING and "fenced" in record.getMessage():
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+TRANSACTIONS_LOG = logging.getLogger("agentstream.kafka.transactions")
+TRANSACTIONS_LOG.addFilter(_FencingIsAHandOver())
+
+
+class Fenced(Exception):
+    """Another process initialised this partition's transactional id: it owns the partition now."""
+
+
+class TransactionFailed(Exception):
+    """A transaction could not be committed and was aborted: nothing of it is visible."""
+
+
+class PartitionProducer:
+    """The producer of one owned partition (docs/architecture.md, "Fencing").
+
+    With a `transactional_id`, every checkpoint's records go out in one Kafka transaction: the
+    next owner's `init_transactions` bumps the id's epoch, so a worker that lost the partition
+    (paused, cut off) gets `Fenced` on its next produce or commit and nothing it prepared becomes
+    visible to `read_committed` readers. Without one (`AGENTSTREAM_TRANSACTIONS=false`) it is an
+    idempotent producer and `commit` only waits for the acknowledgements.
+
+    The blocking librdkafka calls (`init_transactions`, `flush`, `commit_transaction`) run in a
+    thread; delivery callbacks may therefore run there too and must only record results.
+    """
+
+    def __init__(self, config: dict[str, Any], transactional_id: str | None) -> None:
+        self.transactional = transactional_id is not None
+        self.fatal_error: KafkaError | None = None
+        options: dict[str, Any] = {
+            "enable.idempotence": True,
+            "acks": "all",
+            # 5 ms: at 1 ms a turn is ~10 ms faster (bench/turns.py), but at 5 000 appends/s the
+            # many small produce requests saturate a 2-core broker (bench/journal.py).
+            "linger.ms": 5,
+            # No compression: aiokafka readers (Faust's changelog recovery, the caller) would need
+            # extra codec libraries, and records here are small JSON.
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "error_cb": self._on_error,
+            **config,
+        }
+        if transactional_id is not None:
+            options["transactional.id"] = transactional_id
+            # A checkpoint's transaction is open for milliseconds; a stalled one is aborted soon.
+            options.setdefault("transaction.timeout.ms", 60_000)
+        self._producer = Producer({**quiet_librdkafka(options), "logger": TRANSACTIONS_LOG})
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self.fatal_error = error
+
+    def _fenced(self, error: KafkaError | None) -> bool:
+        return any(e is not None and e.code() in FENCED_CODES for e in (error, self.fatal_error))
+
+    def _raise(self, error: KafkaException, doing: str) -> None:
+        kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+        if self._fenced(kafka_error):
+            raise Fenced(f"{doing}: {(self.fatal_error or kafka_error).str()}") from error
+        raise error
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        """Take ownership: fence every earlier producer of this transactional id and abort its open
+        transaction (Kafka finishes that abort before this returns)."""
+        if self.transactional:
+            await asyncio.to_thread(self._producer.init_transactions, timeout_s)
+
+    def begin(self) -> None:
+        if self.transactional:
+            try:
+                self._producer.begin_transaction()
+            except KafkaException as error:
+                self._raise(error, "begin transaction")
 
     def send(
         self,
@@ -71,11 +120,6 @@ class AsyncProducer:
         headers: Headers | None = None,
         on_delivery: OnDelivery | None = None,
     ) -> None:
-        """Produce one record; `on_delivery(error, message)` runs on the loop once it is settled.
-
-        A full local queue is drained by polling here (librdkafka's BufferError), so a burst
-        larger than the queue slows the caller down instead of failing.
-        """
         while True:
             try:
                 self._producer.produce(
@@ -84,13 +128,50 @@ class AsyncProducer:
                 return
             except BufferError:
                 self._producer.poll(0.05)
+            except KafkaException as error:
+                self._raise(error, "produce")
 
-    async def drain(self, timeout_s: float = 60.0) -> None:
-        """Wait (on the loop) until every record produced so far is delivered or failed."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while len(self._producer) > 0:
-            if loop.time() > deadline:
-                raise TimeoutError(f"{len(self._producer)} records not delivered within {timeout_s:.0f}s")
-            self._producer.poll(0.005)
-            await asyncio.sleep(0)
+    async def barrier(self, timeout_s: float = 60.0) -> None:
+        """Without transactions: wait until everything produced so far is acknowledged, so nothing
+        produced after it is visible before it. Inside a transaction the commit makes a checkpoint's
+        records visible together, so there is nothing to wait for."""
+        if not self.transactional:
+            await self._flush(timeout_s)
+
+    async def _flush(self, timeout_s: float) -> None:
+        left = await asyncio.to_thread(self._producer.flush, timeout_s)
+        if left:
+            raise TimeoutError(f"{left} records not delivered within {timeout_s:.0f}s")
+
+    async def commit(self, timeout_s: float = 60.0) -> None:
+        """Make the checkpoint's records durable and visible: flush, then commit the transaction.
+
+        Raises `Fenced` (another owner: drop the partition, write nothing more) or
+        `TransactionFailed` (aborted: nothing of it is visible)."""
+        if not self.transactional:
+            await self._flush(timeout_s)
+            return
+        try:
+            await self._flush(timeout_s)
+            while True:
+                try:
+                    await asyncio.to_thread(self._producer.commit_transaction, timeout_s)
+                    return
+                except KafkaException as error:
+                    kafka_error = error.args[0]
+                    if kafka_error.retriable() and not self._fenced(kafka_error):
+                        continue  # e.g. a coordinator moving: the commit may be retried as is
+                    raise
+        except KafkaException as error:
+            kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
+            if self._fenced(kafka_error):
+                raise Fenced(f"commit: {(self.fatal_error or kafka_error).str()}") from error  # type: ignore[union-attr]
+            if kafka_error is not None and kafka_error.txn_requires_abort():
+                await asyncio.to_thread(self._producer.abort_transaction, timeout_s)
+                raise TransactionFailed(f"transaction aborted: {kafka_error.str()}") from error
+            raise
+
+    def close(self) -> None:
+        """Drop whatever is still queued (a fenced or revoked partition writes nothing more)."""
+        self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+        self._producer.poll(0)

@@ -94,6 +94,7 @@ AGENTSTREAM_SASL_MECHANISM: {{ . | quote }}
 AGENTSTREAM_SSL_CAFILE: {{ printf "%s/%s" (include "agentstream.caDir" .) .Values.kafka.tls.caKey | quote }}
 {{- end }}
 AGENTSTREAM_APP_ID: {{ .Values.journal.appId | quote }}
+AGENTSTREAM_TRANSACTIONS: {{ .Values.journal.transactions | toString | quote }}
 AGENTSTREAM_DATA_DIR: {{ .Values.journal.dataDir | quote }}
 AGENTSTREAM_WORKER_PORT: {{ .Values.journal.webPort | int | quote }}
 AGENTSTREAM_WORKER_BIND: {{ required "journal.webBind is required" .Values.journal.webBind | quote }}

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from pipeline.client import consume_ready, watermarks
+from pipeline.kafka.read import consume_ready, watermarks
 from pipeline.settings import Settings
 from processors.reducer import fold
 from processors.state import AgentState
@@ -114,8 +114,7 @@ class JournalMirror:
         self._stop = threading.Event()
         self._started = False
         self._start_lock = threading.Lock()
-        self._ends: dict[int, int] | None = None  # high watermarks at start: "caught up" once reached
-        self._reached: dict[int, int] = {}
+        self._ends: dict[int, int] | None = None  # end offsets at start: "caught up" once reached
         self.caught_up = False
         self.problem: str | None = None
         self._thread = threading.Thread(target=self._follow, name="console-mirror", daemon=True)
@@ -239,7 +238,7 @@ class JournalMirror:
     def _consumer(self) -> Consumer:
         return Consumer(
             {
-                **self._settings.kafka_client_config(),
+                **self._settings.kafka_consumer_config(),
                 "group.id": f"agentstream-console-{uuid.uuid4().hex}",  # never joins or commits
                 "enable.auto.commit": False,
                 "log_level": 3,
@@ -254,12 +253,13 @@ class JournalMirror:
                 self._stop.wait(2.0)
             while not self._stop.is_set():
                 messages = consume_ready(consumer, 1000, 0.2)
-                if messages:
-                    was_caught_up = self.caught_up
-                    changed = self._apply(messages)
-                    everyone = self.caught_up and not was_caught_up  # every page drops its "catching up" notice
-                    if (changed or everyone) and self._loop is not None:
-                        self._loop.call_soon_threadsafe(self._notify, changed, everyone)
+                was_caught_up = self.caught_up
+                changed = self._apply(messages) if messages else set()
+                if not was_caught_up:
+                    self._check_caught_up(consumer)
+                everyone = self.caught_up and not was_caught_up  # every page drops its "catching up" notice
+                if (changed or everyone) and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._notify, changed, everyone)
         except Exception:  # the console must never take the gateway down: say so and stop following
             log.exception("the web console stopped following %s", self._topic)
             self.problem = f"the console stopped following {self._topic}; see the gateway log"
@@ -288,6 +288,14 @@ class JournalMirror:
         self.problem = None
         return True
 
+    def _check_caught_up(self, consumer: Consumer) -> None:
+        """Caught up once every partition's position reached its end at start. By position, also
+        after a poll that returned nothing: a partition's last offset is usually a transaction's
+        commit marker, which no consumer receives (docs/architecture.md, "Fencing")."""
+        ends = self._ends or {}
+        positions = consumer.position([TopicPartition(self._topic, p) for p in ends])
+        self.caught_up = all(tp.offset >= ends[tp.partition] for tp in positions)
+
     def _apply(self, messages: list[Any]) -> set[str]:
         changed: set[str] = set()
         with self.lock:
@@ -295,7 +303,6 @@ class JournalMirror:
                 if message.error() is not None:
                     continue
                 partition, position, value = message.partition(), message.offset(), message.value()
-                self._reached[partition] = position + 1
                 try:
                     event = decode_event(value)
                 except EnvelopeError:
@@ -306,8 +313,6 @@ class JournalMirror:
                     entry = self._entries[path] = StreamEntry(path, partition)
                 if self._add(entry, event, position, value):
                     changed.add(path)
-            if not self.caught_up and self._ends is not None:
-                self.caught_up = all(self._reached.get(p, 0) >= end for p, end in self._ends.items())
         return changed
 
     def _add(self, entry: StreamEntry, event: Any, position: int, value: bytes) -> bool:

@@ -1,0 +1,192 @@
+"""The journal worker's commit protocol: one checkpoint of one partition made durable at once.
+
+A `PartitionEngine` decides commands into its open `Checkpoint` (journal and dead-letter
+records, the records that follow them, the rows they changed, how far each command topic was
+read). `Checkpoint.commit` then makes all of it durable in one Kafka transaction, in the numbered
+steps of its docstring (docs/architecture.md, "Commit protocol"). The pattern is the one of
+Kafka Streams' exactly-once tasks: a transactional producer per partition, so the partition's next
+owner fences the last one and a paused worker writes nothing more.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pipeline.kafka.producer import Headers, OnDelivery
+from processors import row_codec, rows
+
+
+class RowStore(Protocol):
+    """The local rows of one partition (Faust's RocksDB in the worker, a dict in tests)."""
+
+    changelog_topic: str
+
+    def get(self, key: bytes) -> bytes | None: ...
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def write(self, rows: dict[bytes, bytes | None], changelog_offset: int) -> None:
+        """Apply committed rows and the changelog offset they reach, in one atomic write."""
+
+
+class TransactionalProducer(Protocol):
+    """What a checkpoint needs of its partition's producer (`pipeline.kafka.producer.PartitionProducer`)."""
+
+    def begin(self) -> None: ...
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int,
+        headers: Headers | None = None,
+        on_delivery: OnDelivery | None = None,
+    ) -> None: ...
+    async def barrier(self) -> None: ...
+    async def commit(self) -> None: ...
+
+
+def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
+    """The order of one checkpoint's rows on the changelog: item, dedupe and other rows, then each
+    stream's metadata row (its commit point: cursor and seq range), then the partition's
+    positions (`p`, `c`), which claim everything before them.
+
+    Inside a transaction a restore sees all of a checkpoint or none of it. Without transactions
+    (`AGENTSTREAM_TRANSACTIONS=false`) a worker killed mid-checkpoint leaves a prefix on the
+    changelog; in this order every prefix is one that catch-up completes: rows restored without
+    their metadata row lie past the stream's cursor and seq range, where loading ignores them and
+    re-folding rewrites them identically.
+    """
+    rows_first: list[tuple[bytes, bytes | None]] = []
+    metas: list[tuple[bytes, bytes | None]] = []
+    positions: list[tuple[bytes, bytes | None]] = []
+    meta_prefix = rows.META + rows.SEP
+    position_prefixes = (rows.POSITION + rows.SEP, rows.COMMAND_POSITIONS + rows.SEP)
+    for row in burst.items():
+        key = row[0]
+        if key.startswith(meta_prefix):
+            metas.append(row)
+        elif key.startswith(position_prefixes):
+            positions.append(row)
+        else:
+            rows_first.append(row)
+    return rows_first + metas + positions
+
+
+class Status(enum.Enum):
+    OPEN = "open"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+Outgoing = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]  # topic, key, value, headers
+
+
+@dataclass(eq=False)
+class Checkpoint:
+    """Everything one partition decided since its last commit, made durable together."""
+
+    partition: int
+    # Journal and dead-letter records, in decision order.
+    records: list[Outgoing] = field(default_factory=list)
+    # What follows them: results, llm-requests, script-runs, the workers' own commands.
+    follow_ups: list[Outgoing] = field(default_factory=list)
+    rows: dict[bytes, bytes | None] = field(default_factory=dict)  # the last write of a key wins
+    # The last offset read from each command topic (False: agent-appends, True: internal).
+    read: dict[bool, int] = field(default_factory=dict)
+    commands: int = 0
+    status: Status = Status.OPEN
+    journal_offset: int = -1  # the highest journal offset acknowledged for it
+    changelog_offset: int = -1
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.follow_ups or self.rows or self.read)
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        self._check_open()
+        self.rows[key] = value
+
+    def produce(self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]) -> None:
+        self._check_open()
+        self.records.append((topic, key, value, headers))
+
+    def follow(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._check_open()
+        self.follow_ups.append((topic, key, value, []))
+
+    def _check_open(self) -> None:
+        if self.status is not Status.OPEN:
+            raise RuntimeError(f"checkpoint of partition {self.partition} is {self.status.value}, not open")
+
+    async def commit(
+        self,
+        producer: TransactionalProducer,
+        store: RowStore,
+        journal_topic: str,
+        done: dict[bool, int],
+        journal_position: int,
+    ) -> None:
+        """Make the checkpoint durable, in this order:
+
+        1. Begin the partition's transaction.
+        2. Produce the journal and dead-letter records (partition explicit).
+        3. Barrier: without transactions, wait for their acknowledgements, so nothing downstream
+           sees a result or a request for an event the journal could still lose. (Inside a
+           transaction the commit makes everything visible at once.)
+        4. Produce the follow-ups: results, llm-requests, script-runs, the workers' own commands.
+        5. Produce the rows to the changelog, one record per changed key, in `changelog_order`,
+           the positions last: `c`, how far each command topic is read (`done` for a topic this
+           checkpoint read nothing of), and `p`, a journal offset whose rows are stored, at or
+           after `journal_position` (recovery re-folds the journal past it).
+        6. Commit the transaction (flush, then commit). A fenced producer raises `Fenced`: nothing
+           of this checkpoint becomes visible, and the partition must be dropped at once. Any
+           other failure leaves the local store untouched and is fatal for the worker.
+        7. Write the rows and the changelog offset they reach to the local store in one batch:
+           the store never holds a row the committed changelog lacks.
+
+        A failure at any step leaves the checkpoint FAILED; the caller must not reuse it.
+        """
+        self._check_open()
+        self.status = Status.COMMITTING
+        try:
+            partition = self.partition
+            send = producer.send
+
+            def on_journal(error: Any, message: Any) -> None:
+                if error is None and message.topic() == journal_topic:
+                    self.journal_offset = max(self.journal_offset, message.offset())
+
+            def on_changelog(error: Any, message: Any) -> None:
+                if error is None:
+                    self.changelog_offset = max(self.changelog_offset, message.offset())
+
+            producer.begin()  # 1
+            for topic, key, value, headers in self.records:  # 2
+                send(topic, key, value, partition, headers, on_journal)
+            if self.records and self.follow_ups:
+                await producer.barrier()  # 3
+            for topic, key, value, headers in self.follow_ups:  # 4
+                send(topic, key, value, partition, headers or None)
+            self._positions(done, max(journal_position, self.journal_offset))
+            ordered = changelog_order(self.rows)
+            for key, value in ordered:  # 5
+                send(store.changelog_topic, key, value, partition, None, on_changelog)
+            await producer.commit()  # 6
+            if ordered:  # 7
+                if self.changelog_offset < 0:
+                    raise RuntimeError(f"partition {partition}: changelog committed without its offsets")
+                store.write(self.rows, self.changelog_offset)
+        except BaseException:
+            self.status = Status.FAILED
+            raise
+        self.status = Status.COMMITTED
+
+    def _positions(self, done: dict[bool, int], journal_offset: int) -> None:
+        if self.read:
+            self.rows[rows.command_positions_key(self.partition)] = row_codec.encode_command_positions(
+                self.read.get(False, done[False]), self.read.get(True, done[True])
+            )
+        if journal_offset >= 0:
+            self.rows[rows.position_key(self.partition)] = row_codec.encode_offset(journal_offset)
