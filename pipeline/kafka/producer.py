@@ -90,6 +90,12 @@ class PartitionProducer:
             self.fatal_error = error
 
     def _fenced(self, error: KafkaError | None) -> bool:
+        if error is not None and error.code() == KafkaError._FATAL and self.fatal_error is None:
+            # "Fatal error" names no cause: a poll serves it (to `error_cb`, or raised from the poll).
+            try:
+                self._producer.poll(0)
+            except KafkaException as raised:
+                self._on_error(raised.args[0])
         return any(e is not None and e.code() in FENCED_CODES for e in (error, self.fatal_error))
 
     def _raise(self, error: KafkaException, doing: str) -> None:
@@ -173,5 +179,8 @@ class PartitionProducer:
 
     def close(self) -> None:
         """Drop whatever is still queued (a fenced or revoked partition writes nothing more)."""
-        self._producer.purge(in_queue=True, in_flight=False, blocking=False)
-        self._producer.poll(0)
+        try:
+            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+            self._producer.poll(0)
+        except KafkaException as error:  # a fenced producer is in a fatal state: nothing to drop
+            log.debug("closing a producer in error: %s", error)
