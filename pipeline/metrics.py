@@ -25,6 +25,16 @@ FENCED = Counter(
     "agentstream_fenced_total",
     "Partitions this journal worker dropped because a newer owner fenced its transactional producer.",
 )
+CHECKPOINT_SECONDS = Histogram(
+    "agentstream_checkpoint_commit_seconds",
+    "Time to commit one partition's checkpoint: its transaction, from begin to the local write.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+CHECKPOINT_COMMANDS = Histogram(
+    "agentstream_checkpoint_commands",
+    "Commands decided into one committed checkpoint (a busy partition commits larger ones).",
+    buckets=(1, 10, 100, 1_000, 5_000, 10_000, 20_000),
+)
 DLQ_RECORDS = Counter("agentstream_dlq_records_total", "Commands sent to agent-dlq, by reason kind.", ["reason"])
 FOLD_SECONDS = Histogram(
     "agentstream_fold_seconds", "Time to validate, journal and fold one command into its projection.", buckets=_FAST

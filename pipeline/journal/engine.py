@@ -299,6 +299,7 @@ class PartitionEngine:
             return
         assert self.producer is not None, "an engine without a producer only catches up"
         self.committing = checkpoint
+        started = time.perf_counter()
         try:
             await checkpoint.commit(
                 self.producer, self.store, self.topics.journal, self.positions.done, self.journal_position
@@ -309,6 +310,8 @@ class PartitionEngine:
         finally:
             self.committing = None
             self._committed.set()
+        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
+        metrics.CHECKPOINT_COMMANDS.observe(checkpoint.commands)
         self.positions.done.update(checkpoint.read)
         self.journal_position = max(self.journal_position, checkpoint.journal_offset)
 

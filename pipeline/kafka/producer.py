@@ -65,6 +65,7 @@ class PartitionProducer:
 
     def __init__(self, config: dict[str, Any], transactional_id: str | None) -> None:
         self.transactional = transactional_id is not None
+        self._open = False  # a transaction is open (begun and not committed)
         self.fatal_error: KafkaError | None = None
         options: dict[str, Any] = {
             "enable.idempotence": True,
@@ -106,16 +107,24 @@ class PartitionProducer:
 
     async def start(self, timeout_s: float = 60.0) -> None:
         """Take ownership: fence every earlier producer of this transactional id and abort its open
-        transaction (Kafka finishes that abort before this returns)."""
+        transaction (Kafka finishes that abort before this returns); then open the first one."""
         if self.transactional:
-            await asyncio.to_thread(self._producer.init_transactions, timeout_s)
+            await asyncio.to_thread(self._start, timeout_s)
+
+    def _start(self, timeout_s: float) -> None:
+        self._producer.init_transactions(timeout_s)
+        self._producer.begin_transaction()
+        self._open = True
 
     def begin(self) -> None:
-        if self.transactional:
+        """Open the checkpoint's transaction, unless the last commit already did (an open
+        transaction that has produced nothing holds nothing on the broker)."""
+        if self.transactional and not self._open:
             try:
                 self._producer.begin_transaction()
             except KafkaException as error:
                 self._raise(error, "begin transaction")
+            self._open = True
 
     def send(
         self,
@@ -150,24 +159,17 @@ class PartitionProducer:
             raise TimeoutError(f"{left} records not delivered within {timeout_s:.0f}s")
 
     async def commit(self, timeout_s: float = 60.0) -> None:
-        """Make the checkpoint's records durable and visible: flush, then commit the transaction.
+        """Make the checkpoint's records durable and visible: flush, commit the transaction, and
+        open the next one, in one hop to a thread (`begin_transaction` blocks too).
 
         Raises `Fenced` (another owner: drop the partition, write nothing more) or
         `TransactionFailed` (aborted: nothing of it is visible)."""
         if not self.transactional:
             await self._flush(timeout_s)
             return
+        self._open = False
         try:
-            await self._flush(timeout_s)
-            while True:
-                try:
-                    await asyncio.to_thread(self._producer.commit_transaction, timeout_s)
-                    return
-                except KafkaException as error:
-                    kafka_error = error.args[0]
-                    if kafka_error.retriable() and not self._fenced(kafka_error):
-                        continue  # e.g. a coordinator moving: the commit may be retried as is
-                    raise
+            await asyncio.to_thread(self._commit, timeout_s)
         except KafkaException as error:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
             if self._fenced(kafka_error):
@@ -176,6 +178,22 @@ class PartitionProducer:
                 await asyncio.to_thread(self._producer.abort_transaction, timeout_s)
                 raise TransactionFailed(f"transaction aborted: {kafka_error.str()}") from error
             raise
+
+    def _commit(self, timeout_s: float) -> None:
+        """In a thread: the blocking part of `commit`."""
+        left = self._producer.flush(timeout_s)
+        if left:
+            raise TimeoutError(f"{left} records not delivered within {timeout_s:.0f}s")
+        while True:
+            try:
+                self._producer.commit_transaction(timeout_s)
+                break
+            except KafkaException as error:
+                if error.args[0].retriable() and error.args[0].code() not in FENCED_CODES:
+                    continue  # e.g. a coordinator moving: the commit may be retried as is
+                raise
+        self._producer.begin_transaction()
+        self._open = True
 
     def close(self) -> None:
         """Drop whatever is still queued (a fenced or revoked partition writes nothing more)."""
