@@ -451,7 +451,8 @@ def test_send_to_agent_makes_another_agent_answer_and_set_context_updates_a_keye
     assert message.payload.content == f"{other_tag} hello from a script"
     assert message.payload.llmRequestPolicy.behaviour == "after-current-request"
     assert message.idempotencyKey == f"capability-host/from{agent.path}/{execution}/call-3"
-    (request,) = received(llm, other_tag)
+    # The other agent's request; the first agent's next turn quotes the script, other_tag included.
+    (request,) = [r for r in received(llm, other_tag) if tag not in request_text(r.body)]
     cell = next(c for c in fold_all(AgentState(), theirs).history.cells if c.offset == message.offset)
     role, content = render_cell(cell)
     assert role == "developer"  # another agent is trusted context, not demoted

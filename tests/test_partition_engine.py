@@ -17,17 +17,17 @@ import orjson
 import pytest
 
 from pipeline import metrics
-from pipeline.journal.checkpoint import Checkpoint, Status, changelog_order
+from pipeline.journal import records
+from pipeline.journal.checkpoint import Checkpoint, CommandPositions, Status, changelog_order
 from pipeline.journal.engine import (
     H_REASON,
     H_SOURCE_OFFSET,
     H_SOURCE_TOPIC,
     SCHEDULER,
-    CommandPositions,
     CommandRecord,
     PartitionEngine,
-    script_run_record,
 )
+from pipeline.journal.recovery import Recovery
 from pipeline.kafka.producer import Fenced
 from processors import row_codec, rows
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED
@@ -76,7 +76,7 @@ class Harness:
 
     async def settle(self) -> None:
         """Commit everything decided so far."""
-        await self.engine.flush()
+        await self.engine.checkpoints.flush()
 
 
 def user(text: str, **extra: Any) -> dict[str, Any]:
@@ -90,8 +90,8 @@ def run(coroutine: Any) -> Any:
 def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() -> None:
     async def scenario() -> None:
         h = Harness()
-        h.engine.open.put(b"x", b"y")  # the test decides when the committer runs: nothing is pending
-        await h.engine.flush()
+        h.engine.checkpoints.open.put(b"x", b"y")  # the test decides when the committer runs: nothing is pending
+        await h.engine.checkpoints.flush()
         commit = asyncio.Event()
         real_commit = h.kafka.commit
 
@@ -106,7 +106,7 @@ def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() ->
         assert h.kafka.committed[-1].topic == DictStore.changelog_topic  # only the first checkpoint
         assert h.kafka.on(NAMES.journal) == [] and h.kafka.on(NAMES.results) == []
         assert rows.meta_key(PATH) not in h.table.stored  # not before the transaction commits
-        assert h.engine.read(rows.meta_key(PATH)) is not None  # but reads see the rows being committed
+        assert h.engine.streams.read(rows.meta_key(PATH)) is not None  # but reads see the rows being committed
         commit.set()
         await h.settle()
         assert rows.meta_key(PATH) in h.table.stored
@@ -144,7 +144,7 @@ def test_5_2_the_command_positions_are_committed_with_the_commands_rows() -> Non
         h = Harness()
         await h.handle(h.command(user("one")), h.command(user("two")), h.command(user("in"), internal=True))
         await h.settle()
-        assert h.engine.positions.done == {False: 1, True: 0}
+        assert h.engine.checkpoints.positions.done == {False: 1, True: 0}
         stored = CommandPositions.decode(h.table.stored[rows.command_positions_key(0)])
         assert stored.done == {False: 1, True: 0}
         await h.handle(h.command(user("three")))
@@ -185,7 +185,7 @@ def test_5_2_a_fenced_partition_is_dropped_at_once_and_writes_nothing(step: str)
         await h.handle(h.command(user("one", appendId="x1")))
         await h.settle()
         assert h.dropped == [0] and not h.fatal  # the worker keeps its other partitions
-        assert h.engine.fenced is not None and not h.engine.active
+        assert h.engine.checkpoints.fenced is not None and not h.engine.active
         assert metrics.FENCED._value.get() == fenced_before + 1
         assert len(h.kafka.committed) == committed and h.table.stored == stored
         await h.handle(h.command(user("late")))  # read before the reader let go: decided no more
@@ -207,7 +207,7 @@ def test_5_2_any_other_failure_is_fatal_and_leaves_the_store_and_positions_untou
         for _ in range(5):
             await asyncio.sleep(0)
         assert h.fatal and "broker unreachable" in str(h.fatal[0])
-        assert h.table.stored == stored and h.engine.positions.done[False] == 0
+        assert h.table.stored == stored and h.engine.checkpoints.positions.done[False] == 0
         assert h.kafka.on(NAMES.results) == [] and len(h.kafka.on(NAMES.journal)) == 1
 
     run(scenario())
@@ -239,7 +239,7 @@ def test_the_next_batch_is_decided_while_a_checkpoint_commits() -> None:
         await h.handle(h.command(user("one")))
         for _ in range(5):
             await asyncio.sleep(0)
-        assert h.engine.committing is not None
+        assert h.engine.checkpoints.committing is not None
         await h.handle(h.command(user("two")))  # decided on top of the rows being committed
         release.set()
         await h.settle()
@@ -299,7 +299,7 @@ def test_nothing_a_command_holds_stops_the_partition() -> None:
         (result,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.results)]
         assert result["status"] == "rejected" and result["reason"].startswith("internal_error")
         assert not h.fatal
-        assert h.engine.positions.done[False] == 2
+        assert h.engine.checkpoints.positions.done[False] == 2
 
     run(scenario())
 
@@ -317,7 +317,7 @@ def test_worker_only_events_are_refused_on_the_public_topic_and_taken_from_the_i
         assert dead.headers[H_REASON].startswith(b"forbidden: ")
         (journaled,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal)]
         assert journaled["type"] == LLM_REQUEST_SETTLED
-        assert h.engine.positions.done == {False: 0, True: 0}
+        assert h.engine.checkpoints.positions.done == {False: 0, True: 0}
 
     run(scenario())
 
@@ -366,8 +366,8 @@ def test_recovery_publishes_an_open_requests_call_record_again_exactly() -> None
         await h.handle(h.command({"type": CONTEXT_ADDED, "payload": notes}), h.command(user("more")))
         await h.settle()
         engine = restarted(h)
-        engine.wake_streams_with_work()
-        again = engine.republish_open_work()
+        Recovery(engine).wake_streams_with_work()
+        again = Recovery(engine).open_work()
         assert [(topic, key) for topic, key, _ in again] == [(NAMES.llm_requests, PATH.encode())]
         assert orjson.loads(again[0][2]) == first
         assert b"after the request" not in again[0][2]
@@ -386,7 +386,7 @@ def test_a_journaled_settlement_notifies_the_caller_and_recovery_publishes_nothi
         await h.settle()
         # Once the settlement is journaled the caller is told, so a re-read call record is dropped.
         assert llm_requests(h)[1] == {"kind": "settled", "streamPath": PATH, "requestOffset": 3}
-        assert restarted(h).republish_open_work() == []
+        assert Recovery(restarted(h)).open_work() == []
 
     run(scenario())
 
@@ -405,7 +405,7 @@ def test_recovery_publishes_the_cancel_of_an_interrupted_open_request_after_its_
         await h.handle(h.command(interrupt))
         await h.settle()
         assert [r["kind"] for r in llm_requests(h)] == ["call", "cancel"]
-        again = [orjson.loads(value) for _, _, value in restarted(h).republish_open_work()]
+        again = [orjson.loads(value) for _, _, value in Recovery(restarted(h)).open_work()]
         assert [r["kind"] for r in again] == ["call", "cancel"]
         assert again[1] == {
             "kind": "cancel",
@@ -439,7 +439,7 @@ def test_recovery_publishes_a_pending_compaction_with_the_messages_of_its_reques
         await h.settle()
         live = [r for r in llm_requests(h) if r["kind"] == "compact"]
         assert len(live) == 1 and live[0]["messages"] == call["messages"]
-        again = [orjson.loads(value) for _, _, value in restarted(h).republish_open_work()]
+        again = [orjson.loads(value) for _, _, value in Recovery(restarted(h)).open_work()]
         assert again == live  # the same record, rendered from the rows
 
     run(scenario())
@@ -533,9 +533,9 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
                 else:
                     restored.stored[key] = value
             engine = PartitionEngine(0, restored, NAMES, h.kafka, max_cached_streams=100)
-            position = engine.recorded_position()
-            engine.catch_up([record for record in journal if record[0] > position], [])
-            await engine.flush()
+            position = engine.checkpoints.journal_position
+            Recovery(engine).refold([record for record in journal if record[0] > position], [])
+            await engine.checkpoints.flush()
             again = {k: v for k, v in restored.stored.items() if not k.startswith(POSITIONS)}
             assert again == full, f"prefix of {n} of {len(burst)} rows: {sorted(set(again) ^ set(full))[:5]}"
 
@@ -555,8 +555,8 @@ def test_4_2_a_due_request_is_journaled_at_once_and_its_call_record_follows() ->
         await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
         await h.handle(h.command(user("hello")))
         await h.settle()
-        positions = dict(h.engine.positions.done)
-        sources = h.engine.entry(PATH).sources
+        positions = dict(h.engine.checkpoints.positions.done)
+        sources = h.engine.streams.get(PATH).sources
         assert h.engine.schedule(h.engine.clock_ms() + 10**6) == []  # nothing goes to the command topic
         assert llm_requests(h) == [] and h.kafka.open == []  # staged, not produced before the commit
         await h.settle()
@@ -564,7 +564,7 @@ def test_4_2_a_due_request_is_journaled_at_once_and_its_call_record_follows() ->
         assert requested.headers == {H_SOURCE_TOPIC: SCHEDULER}
         (call,) = llm_requests(h)  # in the same transaction
         assert call["kind"] == "call" and call["requestOffset"] == orjson.loads(requested.value)["offset"]
-        assert h.engine.positions.done == positions and h.engine.entry(PATH).sources == sources
+        assert h.engine.checkpoints.positions.done == positions and h.engine.streams.get(PATH).sources == sources
         assert not h.fatal
 
     run(scenario())
@@ -606,8 +606,8 @@ def test_recovery_refolds_scheduled_events_to_the_live_rows() -> None:
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
         fresh = DictStore()
         engine = PartitionEngine(0, fresh, NAMES, h.kafka, max_cached_streams=100)
-        engine.catch_up(journal, [])
-        await engine.flush()
+        Recovery(engine).refold(journal, [])
+        await engine.checkpoints.flush()
         again = {k: v for k, v in fresh.stored.items() if not k.startswith(POSITIONS)}
         assert again == live, sorted(set(again) ^ set(live))[:5]
 
@@ -674,14 +674,14 @@ def test_6_catch_up_publishes_again_the_script_commands_a_dead_worker_never_sent
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
         engine = PartitionEngine(0, DictStore(), NAMES, h.kafka, max_cached_streams=100)  # nothing stored
         outcomes: list[tuple[str, bytes, bytes]] = []
-        engine.catch_up(journal, outcomes)
+        Recovery(engine).refold(journal, outcomes)
         again = [value for topic, key, value in outcomes if topic == NAMES.internal_appends]
         assert again == live
         assert {key for topic, key, _ in outcomes if topic == NAMES.internal_appends} == {PATH.encode()}
         # Events a stream's rows already hold are not re-folded: a second catch-up publishes nothing.
-        await engine.flush()
+        await engine.checkpoints.flush()
         repeat: list[tuple[str, bytes, bytes]] = []
-        engine.catch_up(journal, repeat)
+        Recovery(engine).refold(journal, repeat)
         assert repeat == []
 
     run(scenario())
@@ -695,14 +695,14 @@ def test_6_an_unsettled_script_run_is_listed_for_its_record_to_go_out_again() ->
         h = Harness()
         await run_a_script(h)
         (record,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.script_runs)]
-        runs = restarted(h).open_script_runs()
+        runs = Recovery(restarted(h)).unsettled_script_runs()
         assert [(path, run.executionId, run.offset, run.expiresAt, timeout) for path, run, timeout in runs] == [
             (PATH, "agent-output:4", record["offset"], record["expiresAt"], record["timeoutMs"])
         ]
         first = h.kafka.on(NAMES.journal)[record["offset"] - 1]
         event = orjson.loads(first.value)
         assert (
-            script_run_record(
+            records.script_run_record(
                 PATH,
                 event["offset"],
                 event["createdAt"],
@@ -715,6 +715,6 @@ def test_6_an_unsettled_script_run_is_listed_for_its_record_to_go_out_again() ->
         )
         await h.handle(h.command(script_settled("agent-output:4"), internal=True))
         await h.settle()
-        assert restarted(h).open_script_runs() == []
+        assert Recovery(restarted(h)).unsettled_script_runs() == []
 
     run(scenario())

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL, PartitionEngine
+from pipeline.journal.recovery import Recovery
 from pipeline.journal.replay_fold import PartitionFold, Record, decode_record
 from processors import row_codec, rows
 from processors.journal import Journaled, journal_command, payload_hash
@@ -231,8 +232,8 @@ def caught_up(records: list[Record]) -> tuple[dict[bytes, bytes], int]:
     async def run() -> tuple[dict[bytes, bytes], int]:
         store = DictStore()
         engine = PartitionEngine(0, store, topic_names(""), FakeTransactions(), max_cached_streams=1 << 30)
-        folded = engine.catch_up((offset, value, dict(headers or ())) for offset, value, headers in records)
-        await engine.flush()  # what catch-up staged, stored as one checkpoint
+        folded = Recovery(engine).refold((offset, value, dict(headers or ())) for offset, value, headers in records)
+        await engine.checkpoints.flush()  # what catch-up staged, stored as one checkpoint
         return store.stored, folded
 
     return asyncio.run(run())

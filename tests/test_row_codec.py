@@ -144,7 +144,7 @@ def test_a_store_without_a_format_row_is_format_1_and_gets_its_row() -> None:
 
     async def first_checkpoint() -> None:
         engine = PartitionEngine(3, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
-        await engine.flush()  # stored with the partition's first checkpoint
+        await engine.checkpoints.flush()  # stored with the partition's first checkpoint
 
     asyncio.run(first_checkpoint())
     assert table.get(rows.format_key(3)) == b"1" == row_codec.encode_format()

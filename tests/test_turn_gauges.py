@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 
 from pipeline import metrics
 from pipeline.journal.engine import PartitionEngine
+from pipeline.journal.recovery import Recovery
 from schemas.events import AGENT_PAUSED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED
 from tests.test_partition_engine import Harness
 
@@ -44,8 +45,8 @@ async def turn_gauges() -> None:
     owned = {0: engine}
     metrics.count_turns(owned)
     assert gauges() == (1, 1)
-    engine.wake_streams_with_work()  # a recovery counts from the rows: again, not on top
-    engine.wake_streams_with_work()
+    Recovery(engine).wake_streams_with_work()  # a recovery counts from the rows: again, not on top
+    Recovery(engine).wake_streams_with_work()
     assert gauges() == (1, 1)
     other = await a_partition_with_an_open_request_and_a_pause()
     owned[1] = other

@@ -3,20 +3,27 @@
 A `PartitionEngine` decides commands into its open `Checkpoint` (journal and dead-letter
 records, the records that follow them, the rows they changed, how far each command topic was
 read). `Checkpoint.commit` then makes all of it durable in one Kafka transaction, in the numbered
-steps of its docstring (docs/architecture.md, "Commit protocol"). The pattern is the one of
+steps of its docstring (docs/architecture.md, "Commit protocol"); the partition's `Committer`
+commits one checkpoint at a time while the next is decided. The pattern is the one of
 Kafka Streams' exactly-once tasks: a transactional producer per partition, so the partition's next
 owner fences the last one and a paused worker writes nothing more.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pipeline.kafka.producer import Headers, OnDelivery
+from pipeline import metrics
+from pipeline.kafka.producer import Fenced, Headers, OnDelivery
 from processors import row_codec, rows
+
+log = logging.getLogger("agentstream.journal")
 
 
 class RowStore(Protocol):
@@ -190,3 +197,134 @@ class Checkpoint:
             )
         if journal_offset >= 0:
             self.rows[rows.position_key(self.partition)] = row_codec.encode_offset(journal_offset)
+
+
+class CommandPositions:
+    """How far each command topic of one partition is done (committed with what it produced): the
+    upstream position stored with what was derived from it, where reading resumes after a restart."""
+
+    def __init__(self, appends: int = -1, internal: int = -1) -> None:
+        self.done = {False: appends, True: internal}
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> CommandPositions:
+        if value is None:
+            return cls()
+        return cls(*row_codec.decode_command_positions(value))
+
+
+class Committer:
+    """One partition's checkpoints: the open one that decisions go into, and at most one being
+    committed. A task commits the open checkpoint whenever it holds something, one transaction at a
+    time, so the next batch is decided while the last one commits.
+
+    A fenced commit drops the partition for good (`on_fenced`); any other failure is `fatal`: the
+    decided state is then ahead of what Kafka holds, and only a restart is safe.
+    """
+
+    def __init__(
+        self,
+        partition: int,
+        store: RowStore,
+        producer: TransactionalProducer | None,
+        journal_topic: str,
+        *,
+        on_fenced: Callable[[BaseException], None],
+        fatal: Callable[[BaseException], None] | None,
+    ) -> None:
+        self.partition = partition
+        self.store = store
+        self.producer = producer
+        self.journal_topic = journal_topic
+        self.on_fenced = on_fenced
+        self.fatal = fatal
+        self.open = Checkpoint(partition)  # what is being decided
+        self.committing: Checkpoint | None = None  # what is being committed
+        self.fenced: BaseException | None = None
+        self.positions = CommandPositions.decode(store.get(rows.command_positions_key(partition)))
+        position = store.get(rows.position_key(partition))
+        self.journal_position = -1 if position is None else row_codec.decode_offset(position)
+        self._work = asyncio.Event()  # the open checkpoint has something to commit
+        self._committed = asyncio.Event()  # set after every commit (back-pressure, flush)
+        self._task: asyncio.Task[None] | None = None
+
+    def staged(self) -> list[dict[bytes, bytes | None]]:
+        """Rows decided but not stored yet, newest first."""
+        if self.committing is None:
+            return [self.open.rows]
+        return [self.open.rows, self.committing.rows]
+
+    def work(self) -> None:
+        """The open checkpoint holds something: commit it as soon as none is committing."""
+        self._work.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._commit_forever(), name=f"commit-{self.partition}")
+
+    def publish(self, topic: str, key: bytes, value: bytes) -> None:
+        """Send a record with the next checkpoint (what recovery publishes again, expiries)."""
+        self.open.follow(topic, key, value)
+        self.work()
+
+    async def room(self, max_commands: int) -> None:
+        """Back-pressure: wait while the open checkpoint holds `max_commands` or more."""
+        while self.open.commands >= max_commands and self.fenced is None:
+            self._committed.clear()
+            await self._committed.wait()
+
+    async def _commit_forever(self) -> None:
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            if not self.open:
+                continue
+            try:
+                await self.commit()
+            except Exception as error:
+                if self.fenced is not None:
+                    return
+                if self.fatal is None:
+                    raise
+                self.fatal(error)
+                return
+
+    async def commit(self) -> None:
+        """Commit the open checkpoint now (`Checkpoint.commit`); a new one opens at once."""
+        while self.committing is not None:  # one transaction at a time
+            self._committed.clear()
+            await self._committed.wait()
+        checkpoint, self.open = self.open, Checkpoint(self.partition)
+        if not checkpoint or self.fenced is not None:
+            return
+        assert self.producer is not None, "an engine without a producer only catches up"
+        self.committing = checkpoint
+        started = time.perf_counter()
+        try:
+            await checkpoint.commit(
+                self.producer, self.store, self.journal_topic, self.positions.done, self.journal_position
+            )
+        except Fenced as error:
+            self._fence(error)
+            raise
+        finally:
+            self.committing = None
+            self._committed.set()
+        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
+        metrics.CHECKPOINT_COMMANDS.observe(checkpoint.commands)
+        self.positions.done.update(checkpoint.read)
+        self.journal_position = max(self.journal_position, checkpoint.journal_offset)
+
+    def _fence(self, error: BaseException) -> None:
+        self.fenced = error
+        self.open = Checkpoint(self.partition)
+        metrics.FENCED.inc()
+        log.warning("partition %d fenced: another worker owns it now (%s); dropping it", self.partition, error)
+        self.on_fenced(error)
+
+    async def flush(self) -> None:
+        """Commit everything staged so far (a revoked partition's last checkpoint, recovery). A
+        fenced partition commits nothing more: it returns at once (`fenced` tells)."""
+        while (self.open or self.committing is not None) and self.fenced is None:
+            try:
+                await self.commit()
+            except Fenced:
+                return

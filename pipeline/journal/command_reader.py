@@ -69,7 +69,7 @@ class CommandReader:
         """Start reading partition p of both command topics after what its rows record as done."""
         p = engine.partition
         self.engines[p] = engine
-        positions = engine.positions
+        positions = engine.checkpoints.positions
         assignment = [
             TopicPartition(self.names.appends, p, _resume(positions.done[False])),
             TopicPartition(self.names.internal_appends, p, _resume(positions.done[True])),
@@ -101,10 +101,10 @@ class CommandReader:
             return False
         tps = [TopicPartition(self.names.appends, partition), TopicPartition(self.names.internal_appends, partition)]
         positions = {tp.topic: tp.offset for tp in self.consumer.position(tps)}
+        done = self.engines[partition].checkpoints.positions.done  # committed: read past them
         return (
-            max(positions[self.names.appends], self.engines[partition].positions.done[False] + 1) >= ends[False]
-            and max(positions[self.names.internal_appends], self.engines[partition].positions.done[True] + 1)
-            >= ends[True]
+            max(positions[self.names.appends], done[False] + 1) >= ends[False]
+            and max(positions[self.names.internal_appends], done[True] + 1) >= ends[True]
         )
 
     async def _run(self) -> None:
@@ -163,7 +163,7 @@ class CommandReader:
         offsets = []
         for p, engine in self.engines.items():
             for internal, topic in ((False, self.names.appends), (True, self.names.internal_appends)):
-                done = engine.positions.done[internal]
+                done = engine.checkpoints.positions.done[internal]
                 if done >= 0:
                     offsets.append(TopicPartition(topic, p, done + 1))
         if offsets:
@@ -182,7 +182,7 @@ class CommandReader:
             return None
         if high < 0:
             return None
-        return max(high - engine.positions.done[False] - 1, 0)
+        return max(high - engine.checkpoints.positions.done[False] - 1, 0)
 
     async def close(self) -> None:
         if self._task is not None:

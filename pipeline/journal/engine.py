@@ -3,15 +3,16 @@
 One writer per partition. For every command of partition p it decides (pure core) what to journal
 and what follows, and stages all of it in the partition's open `Checkpoint`: the journal or
 dead-letter record, the records that follow it (its result, a request body, script commands), the
-rows the event changed and how far each command topic is read. A committer task makes each
-checkpoint durable in one Kafka transaction (`Checkpoint.commit`), while the next batch is decided
-into the next checkpoint. Therefore:
+rows the event changed and how far each command topic is read. The partition's `Committer` makes
+each checkpoint durable in one Kafka transaction (`Checkpoint.commit`), while the next batch is
+decided into the next checkpoint; stream states come from the `StreamRepository`, and what a new
+owner re-folds and publishes again is `pipeline.journal.recovery`. Therefore:
 
 - stored rows never run ahead of the journal, nor the journal ahead of the command positions:
   a checkpoint is visible to `read_committed` readers whole or not at all;
 - a worker that lost its partition is fenced by Kafka (the next owner's `init_transactions`) and
   nothing it prepared becomes visible; it drops the partition (`on_fenced`);
-- reads while deciding see every staged row first (`read`, `_scan`), so the next batch is decided
+- reads while deciding see every staged row first (`StreamRepository`), so the next batch is decided
   while the last one commits;
 - a re-delivered command is recognised by its source offset (recorded per stream and command
   topic, also in each journal record's headers) or its append id, and journaled once; its outcome
@@ -29,12 +30,10 @@ partition's stored rows) and a `TransactionalProducer`.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,32 +41,30 @@ import orjson
 from pydantic import ValidationError
 
 from pipeline import metrics
-from pipeline.journal import heap
-from pipeline.journal.checkpoint import Checkpoint, RowStore, TransactionalProducer
+from pipeline.journal import heap, records
+from pipeline.journal.checkpoint import Committer, RowStore, TransactionalProducer
+from pipeline.journal.streams import StreamEntry, StreamRepository
 from pipeline.kafka.partitioner import partition_for
-from pipeline.kafka.producer import Fenced
 from processors import dedupe, row_codec, rows
-from processors.journal import Duplicate, Journaled, Rejected, apply_event, journal_command, payload_hash
+from processors.journal import Duplicate, Journaled, Rejected, journal_command
 from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages
 from processors.scheduler import decide, stale_expiry
 from processors.scripts import script_follow_ups
-from processors.state import AgentState, ScriptRun, SourceOffsets
-from schemas.capabilities import SCRIPT_RUN_REQUESTED, ScriptRunRecord
+from processors.state import AgentState
+from schemas.capabilities import SCRIPT_RUN_REQUESTED
 from schemas.events import (
     CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
     LLM_REQUEST_SETTLED,
     TOKEN_USAGE_REPORTED,
     AppendCommand,
-    EnvelopeError,
     InvalidPayloadEvent,
-    decode_event,
     describe_validation_error,
     worker_only_reason,
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.outcomes import AppendOutcome, AppendStatus
-from schemas.requests import CallRequest, CancelRequest, CompactRequest, SettledNotice, Transport
+from schemas.requests import CompactRequest, SettledNotice, Transport
 
 log = logging.getLogger("agentstream.journal")
 
@@ -101,16 +98,6 @@ class CommandRecord:
 
 
 @dataclass(slots=True)
-class StreamEntry:
-    state: AgentState
-    sources: SourceOffsets  # how far this stream's commands are journaled, per command topic
-    # The last opened request's messages: a compaction resends them byte for byte.
-    last_request: tuple[int, list[dict[str, Any]]] | None = None
-    # Scheduler commands sent but not yet journaled (idempotency key -> sent at, ms).
-    sent: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
 class HandledCommand:
     """What deciding one command produced, before it is staged in the checkpoint."""
 
@@ -121,20 +108,6 @@ class HandledCommand:
     after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
     journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers
     reject_reason: str | None = None  # set: the command goes to the dead-letter topic
-
-
-class CommandPositions:
-    """How far each command topic of one partition is done (committed with what it produced): the
-    upstream position stored with what was derived from it, where reading resumes after a restart."""
-
-    def __init__(self, appends: int = -1, internal: int = -1) -> None:
-        self.done = {False: appends, True: internal}
-
-    @classmethod
-    def decode(cls, value: bytes | None) -> CommandPositions:
-        if value is None:
-            return cls()
-        return cls(*row_codec.decode_command_positions(value))
 
 
 class PartitionEngine:
@@ -172,27 +145,19 @@ class PartitionEngine:
         self.render_budget = render_budget  # per model: items are cut to fit its context window
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.on_wake: Callable[[int], None] | None = None  # told of every wakeup pushed (the worker's timer)
-        self.max_cached_streams = max_cached_streams
         self.max_pending = max_pending  # commands staged at most while a checkpoint commits
         self.max_event_bytes = max_event_bytes
         self.append_id_window = append_id_window
-        self.streams: OrderedDict[str, StreamEntry] = OrderedDict()
-        self.open = Checkpoint(partition)  # what is being decided
-        self.committing: Checkpoint | None = None  # what is being committed
+        self.checkpoints = Committer(partition, store, producer, topics.journal, on_fenced=self._fenced, fatal=fatal)
+        self.streams = StreamRepository(store, self.checkpoints.staged, max_cached_streams)
         # Set by the worker once recovery's command backlog is read: scheduler decisions are
         # journaled at once and must not overtake it.
         self.scheduling = False
         self.fatal = fatal
         self.on_fenced = on_fenced
-        self.fenced: BaseException | None = None
-        self._work = asyncio.Event()  # the open checkpoint has something to commit
-        self._committed = asyncio.Event()  # set after every commit (back-pressure, flush)
-        self._committer: asyncio.Task[None] | None = None
         self.handled = 0
         self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
         self._check_row_format()
-        self.positions = CommandPositions.decode(store.get(rows.command_positions_key(partition)))
-        self.journal_position = self.recorded_position()
         self.active = True  # False once the partition is revoked or fenced: nothing more is decided
         # This partition's streams with a request open / paused: the gauges sum them over the
         # partitions a worker owns now (`metrics.count_turns`), so a revoked partition drops out.
@@ -207,149 +172,23 @@ class PartitionEngine:
         stored = self.store.get(key)
         row_codec.check_format(stored, self.partition)
         if stored is None:
-            self.open.put(key, row_codec.encode_format())  # stored with the partition's first checkpoint
+            self.checkpoints.open.put(key, row_codec.encode_format())  # stored with the first checkpoint
 
-    def _staged(self) -> list[dict[bytes, bytes | None]]:
-        """Rows decided but not stored yet, newest first."""
-        if self.committing is None:
-            return [self.open.rows]
-        return [self.open.rows, self.committing.rows]
-
-    def read(self, key: bytes) -> bytes | None:
-        for staged in self._staged():
-            if key in staged:
-                return staged[key]
-        return self.store.get(key)
-
-    def entry(self, path: str) -> StreamEntry:
-        entry = self.streams.get(path)
-        if entry is not None:
-            self.streams.move_to_end(path)
-            return entry
-        meta = self.read(rows.meta_key(path))
-        if meta is None:
-            entry = StreamEntry(AgentState(stream_path=path), SourceOffsets())
-        else:
-            state, sources = row_codec.load_state(meta, self._scan(rows.items_prefix(path)))
-            entry = StreamEntry(state, sources)
-        self.streams[path] = entry
-        self._evict()
-        return entry
-
-    def _scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Stored rows under `prefix` with the rows decided but not yet stored laid over them."""
-        staged: dict[bytes, bytes | None] = {}
-        for layer in reversed(self._staged()):  # oldest first: newer writes win
-            staged.update((key, value) for key, value in layer.items() if key.startswith(prefix))
-        if not staged:
-            yield from self.store.scan(prefix)
-            return
-        merged: dict[bytes, bytes | None] = dict(self.store.scan(prefix))
-        merged.update(staged)
-        for key in sorted(merged):
-            value = merged[key]
-            if value is not None:
-                yield key, value
-
-    def _evict(self) -> None:
-        # A stream with rows not yet stored stays cached: its state is ahead of the store.
-        while len(self.streams) > self.max_cached_streams:
-            for path in self.streams:
-                key = rows.meta_key(path)
-                if not any(key in staged for staged in self._staged()):
-                    del self.streams[path]
-                    break
-            else:
-                return
-
-    # --- committing ----------------------------------------------------------------------------
-
-    def _staged_work(self) -> None:
-        self._work.set()
-        if self._committer is None:
-            self._committer = asyncio.get_running_loop().create_task(
-                self._commit_forever(), name=f"commit-{self.partition}"
-            )
-
-    async def _commit_forever(self) -> None:
-        """Commit the open checkpoint whenever it holds something, one transaction at a time; the
-        next checkpoint is decided meanwhile. Stops for good when the partition is fenced."""
-        while True:
-            await self._work.wait()
-            self._work.clear()
-            if not self.open:
-                continue
-            try:
-                await self.commit()
-            except Exception as error:
-                if self.fenced is not None:
-                    return
-                if self.fatal is None:
-                    raise
-                self.fatal(error)  # the state is ahead of what Kafka holds: only a restart is safe
-                return
-
-    async def commit(self) -> None:
-        """Commit the open checkpoint now (`Checkpoint.commit`); a new one opens at once."""
-        while self.committing is not None:  # one transaction at a time
-            self._committed.clear()
-            await self._committed.wait()
-        checkpoint, self.open = self.open, Checkpoint(self.partition)
-        if not checkpoint or self.fenced is not None:
-            return
-        assert self.producer is not None, "an engine without a producer only catches up"
-        self.committing = checkpoint
-        started = time.perf_counter()
-        try:
-            await checkpoint.commit(
-                self.producer, self.store, self.topics.journal, self.positions.done, self.journal_position
-            )
-        except Fenced as error:
-            self._fence(error)
-            raise
-        finally:
-            self.committing = None
-            self._committed.set()
-        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
-        metrics.CHECKPOINT_COMMANDS.observe(checkpoint.commands)
-        self.positions.done.update(checkpoint.read)
-        self.journal_position = max(self.journal_position, checkpoint.journal_offset)
-
-    def _fence(self, error: BaseException) -> None:
-        """Another worker owns the partition now: drop everything, write nothing more."""
-        self.fenced = error
+    def _fenced(self, error: BaseException) -> None:
+        """Another worker owns the partition now: decide nothing more, forget every state."""
         self.active = False
         self.streams.clear()
-        self.open = Checkpoint(self.partition)
-        metrics.FENCED.inc()
-        log.warning("partition %d fenced: another worker owns it now (%s); dropping it", self.partition, error)
         if self.on_fenced is not None:
             self.on_fenced(self, error)
-
-    async def flush(self) -> None:
-        """Commit everything staged so far (a revoked partition's last checkpoint, recovery). A
-        fenced partition commits nothing more: it returns at once (`fenced` tells)."""
-        while (self.open or self.committing is not None) and self.fenced is None:
-            try:
-                await self.commit()
-            except Fenced:
-                return
-
-    def publish(self, topic: str, key: bytes, value: bytes) -> None:
-        """Send a record with the next checkpoint (what recovery publishes again, expiries)."""
-        self.open.follow(topic, key, value)
-        self._staged_work()
 
     # --- commands ------------------------------------------------------------------------------
 
     async def handle_batch(self, commands: Iterable[CommandRecord]) -> None:
         """Decide a batch of this partition's commands, in order, into the open checkpoint."""
-        while self.open.commands >= self.max_pending and self.active:
-            self._committed.clear()  # back-pressure: the journal is slower than the input
-            await self._committed.wait()
+        await self.checkpoints.room(self.max_pending)  # back-pressure: the journal is slower than the input
         if not self.active:
             return  # revoked or fenced while waiting: the owner reads these commands again
-        read = self.open.read
+        read = self.checkpoints.open.read
         for command in commands:
             self.handled += 1
             if self.handled % heap.SETTLE_EVERY == 0:
@@ -362,7 +201,7 @@ class PartitionEngine:
                 decision = self._internal_error(command, error)
             self._carry_out(decision)
             read[command.internal] = command.offset
-        self._staged_work()
+        self.checkpoints.work()
 
     async def handle(self, command: CommandRecord) -> None:
         await self.handle_batch((command,))
@@ -383,7 +222,7 @@ class PartitionEngine:
         misrouted = self._misrouted(command, append.streamPath)
         if misrouted is not None:
             return self._rejection(command, append, misrouted)
-        entry = self.entry(append.streamPath)
+        entry = self.streams.get(append.streamPath)
         if not command.scheduled and entry.sources.covers(command.internal, command.offset):
             # Re-delivered after a crash: this exact record is already journaled.
             metrics.DUPLICATES.inc()
@@ -395,7 +234,7 @@ class PartitionEngine:
             if forbidden is not None:
                 return self._rejection(command, append, forbidden)
         else:
-            stale = stale_expiry(entry.state, append, self.read)
+            stale = stale_expiry(entry.state, append, self.streams.read)
             if stale is not None:  # the caller's settlement was journaled first: nothing to expire
                 log.info("%s: expiry command not journaled: %s", append.streamPath, stale)
                 return HandledCommand(command, [])
@@ -408,7 +247,7 @@ class PartitionEngine:
             append,
             now_ms=self.clock_ms(),
             sources=sources,
-            read=self.read,
+            read=self.streams.read,
             append_id_window=self.append_id_window,
         )
         metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
@@ -450,7 +289,7 @@ class PartitionEngine:
         )
         path = command.key.decode(errors="replace") if command.key else None
         if path is not None:
-            self.streams.pop(path, None)
+            self.streams.forget(path)
         return self._rejection(
             command, _parsed_or_none(command.value), f"internal_error: {type(error).__name__}: {error}"
         )
@@ -469,17 +308,17 @@ class PartitionEngine:
         or a compaction, is published again by `republish_open_work` after recovery.)"""
         if append.appendId is None:
             return
-        found = self.read(rows.append_id_key(append.streamPath, append.appendId))
+        found = self.streams.read(rows.append_id_key(append.streamPath, append.appendId))
         if found is not None:
             self._result(handled, append, "journaled", row_codec.decode_offset(found))
 
-    def _request_messages(self, entry: StreamEntry, request_offset: int, model: str) -> list[dict[str, Any]] | None:
+    def request_messages(self, entry: StreamEntry, request_offset: int, model: str) -> list[dict[str, Any]] | None:
         """The messages request R was sent with: from memory, else rendered again exactly as R saw
         them (`as_of_request`). None when a compaction since R makes that impossible."""
         if entry.last_request is not None and entry.last_request[0] == request_offset:
             return entry.last_request[1]
         state = entry.state
-        created_at = _request_created_at(state, request_offset)
+        created_at = records.request_created_at(state, request_offset)
         view = as_of_request(state, request_offset)
         if view is None or created_at is None:
             return None
@@ -487,28 +326,10 @@ class PartitionEngine:
         entry.last_request = (request_offset, messages)
         return messages
 
-    def _call_record(self, state: AgentState, messages: list[dict[str, Any]]) -> bytes:
-        request = state.open
-        assert request is not None
-        record = CallRequest.model_validate(
-            {
-                "kind": "call",
-                "streamPath": state.stream_path,
-                "requestOffset": request.offset,
-                "model": request.model,
-                "transport": self.transport,
-                "expiresAt": request.expiresAt,
-                "attempt": state.consecutive_llm_failures + 1,
-                "maxAttempts": state.config.llmRequestRetryPolicy.maxAttempts,
-                "messages": messages,
-            }
-        )
-        return _record_bytes(record)
-
     def _carry_out(self, decision: HandledCommand) -> None:
         """Stage one decision in the open checkpoint: its record, its rows, what follows it."""
         command = decision.command
-        checkpoint = self.open
+        checkpoint = self.checkpoints.open
         if decision.reject_reason is not None:
             reason = decision.reject_reason
             metrics.DLQ_RECORDS.labels(metrics.dlq_reason_label(reason)).inc()
@@ -571,14 +392,18 @@ class PartitionEngine:
                     state, self.transport, event.createdAt, self.render_budget(open_request.model)
                 )
             entry.last_request = (event.offset, messages)
-            handled.after.append((self.topics.llm_requests, path.encode(), self._call_record(state, messages)))
+            handled.after.append(
+                (self.topics.llm_requests, path.encode(), records.call_record(state, messages, self.transport))
+            )
         elif open_request is not None and open_request.interruptedBy == event.offset:
-            handled.after.append((self.topics.llm_requests, path.encode(), _cancel_record(path, open_request.offset)))
+            handled.after.append(
+                (self.topics.llm_requests, path.encode(), records.cancel_record(path, open_request.offset))
+            )
         elif event.type == LLM_REQUEST_SETTLED and not isinstance(event, InvalidPayloadEvent):
             notice = SettledNotice(kind="settled", streamPath=path, requestOffset=event.payload.requestOffset)
-            handled.after.append((self.topics.llm_requests, path.encode(), _record_bytes(notice)))
+            handled.after.append((self.topics.llm_requests, path.encode(), records.record_bytes(notice)))
         elif event.type == TOKEN_USAGE_REPORTED:
-            compact = self._compaction(entry, event.offset)
+            compact = self.compaction_record(entry, event.offset)
             if compact is not None:
                 handled.after.append((self.topics.llm_requests, path.encode(), compact))
         self.wake(path, 0)
@@ -587,10 +412,10 @@ class PartitionEngine:
         """Agents run code: the run request, feedback or script result the event calls for (commands
         to the internal topic), and each journaled run request for the capability host (script-runs).
         All are published once the journal acknowledges the event."""
-        handled.after.extend(self._script_commands(entry.state, event))
+        handled.after.extend(self.script_commands(entry.state, event))
         if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
             payload = event.payload
-            record = script_run_record(
+            record = records.script_run_record(
                 event.streamPath,
                 event.offset,
                 event.createdAt,
@@ -601,7 +426,7 @@ class PartitionEngine:
             )
             handled.after.append((self.topics.script_runs, event.streamPath.encode(), record))
 
-    def _script_commands(self, state: AgentState, event: Any) -> list[tuple[str, bytes, bytes]]:
+    def script_commands(self, state: AgentState, event: Any) -> list[tuple[str, bytes, bytes]]:
         """The commands agent-run code calls for after `event` (`state`: folded through it)."""
         path = event.streamPath
         key = path.encode()
@@ -610,24 +435,12 @@ class PartitionEngine:
             for append in script_follow_ups(state, event)
         ]
 
-    def open_script_runs(self) -> list[tuple[str, ScriptRun, int]]:
-        """Every execution requested and not settled in this partition, with its agent's script
-        timeout: (stream path, run, timeoutMs). The worker publishes their `script-runs` records
-        again after recovery (their code is read back from the journal)."""
-        runs: list[tuple[str, ScriptRun, int]] = []
-        for _, value in self._scan(rows.META + rows.SEP):
-            meta = row_codec.decode_meta_row(value)
-            if meta.scripts:
-                state = self.entry(meta.path).state
-                runs.extend((meta.path, run, state.config.scriptTimeoutMs) for run in state.scripts.values())
-        return runs
-
-    def _compaction(self, entry: StreamEntry, report_offset: int) -> bytes | None:
+    def compaction_record(self, entry: StreamEntry, report_offset: int) -> bytes | None:
         """§4.5: summarize request R when its usage crossed the threshold (newest report only)."""
         report = entry.state.over_threshold
         if report is None or report.offset != report_offset or len(entry.state.history) == 0:
             return None
-        messages = self._request_messages(entry, report.llmRequestOffset, report.model)
+        messages = self.request_messages(entry, report.llmRequestOffset, report.model)
         if messages is None:
             log.warning(
                 "%s: usage of @%d crossed the compaction threshold but the request cannot be rendered again "
@@ -649,7 +462,7 @@ class PartitionEngine:
                 "messages": messages,
             }
         )
-        return _record_bytes(record)
+        return records.record_bytes(record)
 
     def wake(self, path: str, at_ms: int) -> None:
         heapq.heappush(self.wakeups, (at_ms, path))
@@ -678,7 +491,7 @@ class PartitionEngine:
         for path in due:
             if not self.active:
                 break
-            entry = self.entry(path)
+            entry = self.streams.get(path)
             decision = decide(entry.state, now_ms, self.default_model)
             if not decision.appends:
                 if decision.wake_at_ms is not None:
@@ -694,7 +507,7 @@ class PartitionEngine:
                     continue
                 entry.sent[append.idempotencyKey] = now_ms
                 body = append.command(path)
-                self.publish(self.topics.internal_appends, path.encode(), orjson.dumps(body))
+                self.checkpoints.publish(self.topics.internal_appends, path.encode(), orjson.dumps(body))
                 commands.append((path, body))
         return commands
 
@@ -707,165 +520,9 @@ class PartitionEngine:
         except Exception as error:  # as for commands: dead-letter it, keep the partition going
             decision = self._internal_error(command, error)
         self._carry_out(decision)
-        self._staged_work()
-
-    def wake_streams_with_work(self) -> None:
-        """After recovery (a restart or a rebalance): wake every stream with a pending trigger or an
-        open request, and count the gauges from the rows."""
-        self.open_requests = self.paused_agents = 0
-        for _, value in self._scan(rows.META + rows.SEP):
-            meta = row_codec.decode_meta_row(value)
-            self.open_requests += meta.open is not None
-            self.paused_agents += meta.paused
-            if meta.pending is not None or meta.open is not None:
-                self.wake(meta.path, 0)
-
-    def republish_open_work(self) -> list[tuple[str, bytes, bytes]]:
-        """What open requests still need published, once the partition has read the commands that
-        were waiting when it was recovered (the worker calls it then).
-
-        The worker may have died after journaling a request, an interrupt or a usage report but
-        before its follow-up reached `llm-requests`. So every open request's call record goes out
-        again (rendered exactly as first sent), with a cancel if it was interrupted, and every
-        compaction not yet applied. Waiting for the commands first matters: a settlement the caller
-        appended while no worker ran is among them, and a call record republished before it is
-        journaled would have the caller answer R twice. Repeats that remain are harmless: the caller
-        skips what it has handled, and its outcomes carry idempotency keys derived from R."""
-        records: list[tuple[str, bytes, bytes]] = []
-        for _, value in self._scan(rows.META + rows.SEP):
-            meta = row_codec.decode_meta_row(value)
-            if meta.open is not None or meta.over_threshold is not None:
-                records.extend(self._open_work(self.entry(meta.path)))  # the current state decides
-        return records
-
-    def _open_work(self, entry: StreamEntry) -> list[tuple[str, bytes, bytes]]:
-        state = entry.state
-        path = state.stream_path
-        assert path is not None
-        key = path.encode()
-        records: list[tuple[str, bytes, bytes]] = []
-        request = state.open
-        if request is not None:
-            messages = self._request_messages(entry, request.offset, request.model)
-            if messages is None:
-                log.warning(
-                    "%s: the call record of @%d cannot be rendered again (history compacted since, or state "
-                    "from an older version); the request expires at %d",
-                    path,
-                    request.offset,
-                    request.expiresAt,
-                )
-            else:
-                records.append((self.topics.llm_requests, key, self._call_record(state, messages)))
-            if request.interruptedBy is not None:
-                records.append((self.topics.llm_requests, key, _cancel_record(path, request.offset)))
-        if state.over_threshold is not None:
-            compact = self._compaction(entry, state.over_threshold.offset)
-            if compact is not None:
-                records.append((self.topics.llm_requests, key, compact))
-        return records
+        self.checkpoints.work()
 
     # --- recovery ------------------------------------------------------------------------------
-
-    def recorded_position(self) -> int:
-        value = self.store.get(rows.position_key(self.partition))
-        return -1 if value is None else row_codec.decode_offset(value)
-
-    def catch_up(
-        self,
-        records: Iterable[tuple[int, bytes, dict[str, bytes]]],
-        outcomes: list[tuple[str, bytes, bytes]] | None = None,
-    ) -> int:
-        """Re-fold journal records (kafka offset, value, headers) past the recorded position.
-
-        Events a stream's rows already hold are skipped; the rest are folded and stored exactly as
-        the live path would have stored them. With `outcomes`, what the previous owner may have
-        died before publishing is added to it: the result record of every re-folded event that a
-        client may wait for, and the commands agent-run code calls for (a run request, the
-        too-many-blocks feedback, a script result). Replay passes none.
-        """
-        refolded = 0
-        position = None
-        for kafka_offset, value, headers in records:
-            position = kafka_offset
-            try:
-                event = decode_event(value)
-            except EnvelopeError as error:
-                log.error("journal partition %d offset %d is not an event: %s", self.partition, kafka_offset, error)
-                continue
-            entry = self.entry(event.streamPath)
-            if event.offset <= entry.state.cursor:
-                continue
-            internal = headers.get(H_SOURCE_TOPIC) == INTERNAL
-            sources = entry.sources.advanced(internal, int(headers.get(H_SOURCE_OFFSET, b"-1")))
-            append_id = headers[H_APPEND_ID].decode() if H_APPEND_ID in headers else None
-            digest = None
-            if event.idempotencyKey is not None:
-                digest = payload_hash(event.type, orjson.loads(value)["payload"])
-            if isinstance(event, InvalidPayloadEvent):
-                log.error(
-                    "journal @%d of %s has an invalid payload (skipped): %s",
-                    event.offset,
-                    event.streamPath,
-                    event.reason,
-                )
-            changed = apply_event(
-                entry.state, event, sources, append_id, digest, window=self.append_id_window, read=self.read
-            )
-            entry.sources = sources
-            for key, row_value in changed:
-                self.open.put(key, row_value)
-            if outcomes is not None:
-                if append_id is not None:
-                    outcome = AppendOutcome.encode_trusted(append_id, event.streamPath, "journaled", event.offset)
-                    outcomes.append((self.topics.results, event.streamPath.encode(), outcome))
-                # Folded in journal order, the state is exactly the one the live path decided with,
-                # so these are the commands it produced (or never got to): repeats are duplicates.
-                outcomes.extend(self._script_commands(entry.state, event))
-            refolded += 1
-        if position is not None:
-            self.journal_position = max(self.journal_position, position)
-            self.open.put(rows.position_key(self.partition), row_codec.encode_offset(self.journal_position))
-        return refolded
-
-
-def script_run_record(
-    path: str, offset: int, created_at: str, code: str, execution_id: str, expires_at: int, timeout_ms: int
-) -> bytes:
-    """The `script-runs` record of the run requested at `path@offset`: the event's fields and the
-    agent's script timeout."""
-    record = ScriptRunRecord(
-        streamPath=path,
-        offset=offset,
-        createdAt=created_at,
-        code=code,
-        executionId=execution_id,
-        expiresAt=expires_at,
-        timeoutMs=timeout_ms,
-    )
-    return record.model_dump_json().encode()
-
-
-def _cancel_record(path: str, request_offset: int) -> bytes:
-    record = CancelRequest(
-        kind="cancel", streamPath=path, requestOffset=request_offset, reason="interrupted-by-user-input"
-    )
-    return _record_bytes(record)
-
-
-def _record_bytes(record: CallRequest | CancelRequest | CompactRequest | SettledNotice) -> bytes:
-    """An `llm-requests` record, built and checked through its `schemas.requests` model."""
-    return record.model_dump_json(exclude_none=True).encode()
-
-
-def _request_created_at(state: AgentState, request_offset: int) -> str | None:
-    """createdAt of request R (its trailing timestamp message), while the state still knows it:
-    R is open, or R is the newest request event (every request event seals the projection)."""
-    if state.open is not None and state.open.offset == request_offset:
-        return state.open.createdAt
-    if state.published_through == request_offset:
-        return state.last_request_created_at
-    return None
 
 
 def _parsed_or_none(value: bytes) -> AppendCommand | None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,12 +35,12 @@ from pipeline import exit_codes, metrics
 from pipeline.capabilities.journal import JournalReader
 from pipeline.journal.command_reader import CommandReader
 from pipeline.journal.due_timer import DueTimer
-from pipeline.journal.engine import PartitionEngine, script_run_record
+from pipeline.journal.engine import PartitionEngine
+from pipeline.journal.recovery import Recovery
 from pipeline.kafka.faust_committed import CommittedTableManager, broker_url
 from pipeline.kafka.producer import PartitionProducer
 from pipeline.settings import Settings
 from processors.row_codec import RowFormatError
-from schemas.capabilities import SCRIPT_RUN_REQUESTED
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
 log = logging.getLogger("agentstream.journal")
@@ -213,39 +212,15 @@ def build_app(settings: Settings) -> faust.App:
         )
 
     async def recover(engine: PartitionEngine) -> None:
-        """Re-fold the journal tail past the rows' recorded position (crash or rebalance), and
-        publish again what it re-folds (its writer may have died before doing so)."""
-        started = time.monotonic()
-        position = engine.recorded_position()
+        """Steps 1 and 2 of `Recovery`: re-fold the journal tail, wake the streams with work."""
+        recovery = Recovery(engine)
         consumer = aiokafka_reader()
         await consumer.start()
-        refolded = 0
         try:
-            tp = TopicPartition(names.journal, engine.partition)
-            consumer.assign([tp])
-            end = (await consumer.end_offsets([tp]))[tp]  # read_committed: the last stable offset
-            if position + 1 < end:
-                consumer.seek(tp, position + 1)
-                # The end may be a transaction marker, never delivered: stop on the position.
-                while await consumer.position(tp) < end:
-                    batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
-                    records = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, []) if r.offset < end]
-                    outcomes: list[tuple[str, bytes, bytes]] = []
-                    refolded += engine.catch_up(records, outcomes)
-                    for topic, key, value in outcomes:
-                        engine.publish(topic, key, value)
-                    await engine.flush()
+            await recovery.read_journal_tail(consumer, names.journal)
         finally:
             await consumer.stop()
-        await engine.flush()  # the format row a new store got on open, even with nothing to re-fold
-        log.info(
-            "partition %d: re-folded %d journal events past position %d in %.2fs",
-            engine.partition,
-            refolded,
-            position,
-            time.monotonic() - started,
-        )
-        engine.wake_streams_with_work()
+        recovery.wake_streams_with_work()
 
     async def command_ends(partition: int) -> dict[bool, int]:
         """The end offsets of both command topics' partition p now: what was waiting at recovery."""
@@ -260,53 +235,27 @@ def build_app(settings: Settings) -> faust.App:
             await consumer.stop()
 
     async def after_backlog(engine: PartitionEngine, ends: dict[bool, int]) -> None:
-        """Once the commands that waited at recovery are committed: publish again what open
-        requests still need (`PartitionEngine.republish_open_work`), then start scheduling turns,
+        """Once the commands that waited at recovery are committed: steps 4 and 5 of `Recovery`
+        (what open requests and unsettled script runs still need), then start scheduling turns,
         whose decisions must not overtake those commands (a settlement, new input)."""
         while engine.active and not reader.read_through(engine.partition, ends):
             await asyncio.sleep(0.05)
-        await engine.flush()
+        await engine.checkpoints.flush()
         if not engine.active:
             return  # revoked or fenced: the next owner does it
-        records = engine.republish_open_work()
+        recovery = Recovery(engine)
+        records = recovery.open_work()
         for topic, key, value in records:
-            engine.publish(topic, key, value)
+            engine.checkpoints.publish(topic, key, value)
         engine.scheduling = True
         due_timer.at(0)  # decide what became due while the backlog was read
         log.info("partition %d: published again %d records open requests need", engine.partition, len(records))
+        events = JournalReader(settings, consumers=1)  # a run's code is in its event, not in the rows
         try:
-            await republish_script_runs(engine)
+            published = await recovery.republish_script_runs(events)
         except Exception as error:  # the journal cannot be read: restart and try again
             crash(error)
-
-    async def republish_script_runs(engine: PartitionEngine) -> None:
-        """Publish the `script-runs` record of every unsettled run again: the previous owner may have
-        died between journaling a run request and publishing its record, and the capability host
-        learns of a run from that record only. A host that has the run already finds its start
-        journaled and never runs it twice (docs/architecture.md, "Recovering")."""
-        runs = engine.open_script_runs()
-        if not runs:
             return
-        events = JournalReader(settings, consumers=1)  # the run's code is in its event, not in the rows
-        published = 0
-        try:
-            for path, run, timeout_ms in runs:
-                event = await asyncio.to_thread(events.event, path, run.offset)
-                if not engine.active:
-                    return  # revoked: the next owner does it
-                try:
-                    if event is None or event.get("type") != SCRIPT_RUN_REQUESTED:
-                        raise ValueError(f"the journal has no {SCRIPT_RUN_REQUESTED} at {path}@{run.offset}")
-                    payload = event["payload"]
-                    code, created_at = payload["code"], event["createdAt"]
-                    value = script_run_record(
-                        path, run.offset, created_at, code, run.executionId, run.expiresAt, timeout_ms
-                    )
-                except (ValueError, KeyError, TypeError) as error:
-                    log.error("%s: run %s cannot be published again: %s", path, run.executionId, error)
-                    continue
-                engine.publish(names.script_runs, path.encode(), value)
-                published += 1
         finally:
             await asyncio.to_thread(events.close)
         log.info("partition %d: published again %d unsettled script runs", engine.partition, published)
@@ -339,7 +288,7 @@ def build_app(settings: Settings) -> faust.App:
                 task.add_done_callback(background.discard)
             else:
                 engine.active = False
-                await engine.flush()
+                await engine.checkpoints.flush()
                 engine.producer.close()  # type: ignore[union-attr]
         except Exception as error:
             crash(error)
@@ -378,7 +327,7 @@ def build_app(settings: Settings) -> faust.App:
         # commits nothing: its partition is already another's).
         for engine in released:
             try:
-                await engine.flush()
+                await engine.checkpoints.flush()
             finally:
                 engine.producer.close()  # type: ignore[union-attr]
 
