@@ -39,6 +39,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 from pipeline.journal.worker import RAW, _credentials
 from pipeline.kafka.faust_committed import broker_url
 from pipeline.kafka.partitioner import partition_for
+from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import Settings
 from processors.reducer import epoch_ms
 from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source
@@ -153,13 +154,10 @@ def build_app(settings: Settings) -> faust.App:
             start = (await consumer.offsets_for_times({tp: since_ms}))[tp]
             if start is None or start.offset > last:
                 return
-            consumer.seek(tp, start.offset)
             key, routes = source.encode(), {agent: route}
-            # By position: records of aborted transactions, which this consumer skips, move only it.
-            while await consumer.position(tp) <= last:
-                batch = (await consumer.getmany(tp, timeout_ms=1000, max_records=1000)).get(tp, [])
+            async for batch in read_ranges_async(consumer, {tp: (start.offset, last + 1)}, max_records=1000):
                 for message in batch:
-                    if message.offset > last or message.key != key:
+                    if message.key != key:
                         continue
                     record = orjson.loads(message.value)
                     if record.get("createdAt", "") >= subscribed_at:

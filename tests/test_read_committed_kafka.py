@@ -1,4 +1,4 @@
-"""Readers of transactional topics, against the real broker: committed records only, and done promptly.
+"""Readers of transactional topics (behaviour §5.2: readers see committed records only), against the real broker.
 
 The journal worker writes in Kafka transactions (docs/architecture.md, "Fencing"). A partition then
 holds commit and abort markers, which no consumer receives, and records of aborted transactions,
@@ -32,7 +32,7 @@ from pipeline.capabilities.journal import JournalReader
 from pipeline.gateway.console.mirror import JournalMirror
 from pipeline.journal.replay import PartitionTask, _open_output, replay, replay_partition
 from pipeline.kafka.partitioner import partition_for
-from pipeline.kafka.read import read_ranges, watermarks
+from pipeline.kafka.read import read_ranges, read_ranges_async, watermarks
 from tests.journal import Journal
 from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, consumer_config, ensure_broker, wait_until
 
@@ -105,7 +105,7 @@ def test_the_partition_ends_in_a_marker_after_aborted_records(stack: Stack) -> N
         consumer.close()
 
 
-def test_read_ranges_returns_committed_records_and_stops_at_the_end_by_position(stack: Stack) -> None:
+def test_5_2_read_ranges_returns_committed_records_and_stops_at_the_end_by_position(stack: Stack) -> None:
     topic = stack.client.topics.journal
     consumer = Consumer(consumer_config("test-read-committed"))
     try:
@@ -126,7 +126,7 @@ def test_read_ranges_returns_committed_records_and_stops_at_the_end_by_position(
         consumer.close()
 
 
-def test_client_reads_a_streams_committed_events_promptly(stack: Stack) -> None:
+def test_5_2_client_reads_a_streams_committed_events_promptly(stack: Stack) -> None:
     client = stack.client
     started = time.monotonic()
     assert contents(client.streams.get(PATH).events()) == COMMITTED
@@ -134,7 +134,7 @@ def test_client_reads_a_streams_committed_events_promptly(stack: Stack) -> None:
     assert time.monotonic() - started < PROMPT_S
 
 
-def test_test_and_bench_readers_read_and_count_committed_records(stack: Stack) -> None:
+def test_5_2_test_and_bench_readers_read_and_count_committed_records(stack: Stack) -> None:
     started = time.monotonic()
     records = stack.read_topic(stack.client.topics.journal)
     assert time.monotonic() - started < PROMPT_S
@@ -149,7 +149,7 @@ def test_test_and_bench_readers_read_and_count_committed_records(stack: Stack) -
         counter.close()
 
 
-def test_capability_journal_reader_finds_committed_events_without_waiting(stack: Stack) -> None:
+def test_5_2_capability_journal_reader_finds_committed_events_without_waiting(stack: Stack) -> None:
     reader = JournalReader(stack.settings, consumers=1)
     try:
         started = time.monotonic()
@@ -164,7 +164,7 @@ def test_capability_journal_reader_finds_committed_events_without_waiting(stack:
         reader.close()
 
 
-def test_replay_folds_committed_events_and_counts_records_read(
+def test_5_2_replay_folds_committed_events_and_counts_records_read(
     stack: Stack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     topic = stack.client.topics.journal
@@ -187,7 +187,7 @@ def test_replay_folds_committed_events_and_counts_records_read(
     assert "5/5" in capsys.readouterr().err  # the progress total is what was read, not the offsets
 
 
-def test_console_mirror_catches_up_though_the_last_offset_is_a_marker(stack: Stack) -> None:
+def test_5_2_console_mirror_catches_up_though_the_last_offset_is_a_marker(stack: Stack) -> None:
     mirror = JournalMirror(stack.settings, stack.client.topics.journal)
     loop = asyncio.new_event_loop()  # never run: the mirror only queues its notifications on it
     try:
@@ -201,7 +201,7 @@ def test_console_mirror_catches_up_though_the_last_offset_is_a_marker(stack: Sta
         loop.close()
 
 
-def test_caller_reads_settled_notices_ahead_to_the_end_by_position(stack: Stack) -> None:
+def test_5_2_caller_reads_settled_notices_ahead_to_the_end_by_position(stack: Stack) -> None:
     caller = LlmCaller(stack.settings)
     caller._consumer = object()  # type: ignore[assignment]  # only its presence is checked
     tp = AioTopicPartition(stack.client.topics.llm_requests, partition_for(PATH, PARTITIONS))
@@ -216,28 +216,28 @@ def test_caller_reads_settled_notices_ahead_to_the_end_by_position(stack: Stack)
     assert elapsed < 1.0  # it used to wait for one more empty 1 s fetch after the last record
 
 
-def test_aiokafka_consumers_read_committed_and_reach_the_end_by_position(stack: Stack) -> None:
-    """What the router's catch-up and the caller's read-ahead rely on."""
+def test_5_2_aiokafka_consumers_read_committed_and_reach_the_end_by_position(stack: Stack) -> None:
+    """`read_ranges_async`: what the journal worker's recovery, the router's catch-up and the caller's
+    read-ahead rely on."""
     tp = AioTopicPartition(stack.client.topics.journal, partition_for(PATH, PARTITIONS))
 
-    async def read() -> tuple[list[int], int, int]:
+    async def read(start: int, end: int | None) -> tuple[list[int], int, int, float]:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, **stack.settings.aiokafka_consumer_config()
         )
         await consumer.start()
         try:
             consumer.assign([tp])
-            consumer.seek(tp, 0)
-            end = (await consumer.end_offsets([tp]))[tp]
-            offsets: list[int] = []
-            deadline = time.monotonic() + PROMPT_S
-            while await consumer.position(tp) < end and time.monotonic() < deadline:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                offsets += [message.offset for message in batch.get(tp, [])]
-            return offsets, await consumer.position(tp), end
+            end = (await consumer.end_offsets([tp]))[tp] if end is None else end
+            started = time.monotonic()
+            offsets = [r.offset async for batch in read_ranges_async(consumer, {tp: (start, end)}) for r in batch]
+            return offsets, await consumer.position(tp), end, time.monotonic() - started
         finally:
             await consumer.stop()
 
-    offsets, position, end = asyncio.run(read())
+    offsets, position, end, elapsed = asyncio.run(read(0, None))
     assert offsets == [0, 1, 2, 7, 8]
-    assert position == end == 10
+    assert position == end == 10 and elapsed < PROMPT_S
+    inside, _, _, _ = asyncio.run(read(1, 8))  # an end inside the partition: records past it left out
+    assert inside == [1, 2, 7]
+    assert asyncio.run(read(9, 10))[0] == []  # only the last marker: no record, and it still ends

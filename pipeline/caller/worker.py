@@ -38,6 +38,7 @@ from pipeline.caller.outcomes import OutcomeWriter
 from pipeline.caller.provider import Provider
 from pipeline.caller.queues import Job, StreamQueues
 from pipeline.client import AppendError, Client
+from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import Settings
 from schemas.requests import CallRequest, CancelRequest, CompactRequest, LlmRequestRecord, SettledNotice
 from topics.names import topic_names
@@ -333,29 +334,14 @@ class LlmCaller:
             await reader.start()
             ends = await reader.end_offsets(list(assigned))
             starts = {tp: await reader.committed(tp) for tp in assigned}
-            todo = {tp for tp in assigned if (starts[tp] or 0) < ends[tp]}
-            if not todo:
-                return
-            reader.assign(list(todo))
-            for tp in todo:
-                reader.seek(tp, starts[tp] or 0)
-            while todo:
-                batches = await reader.getmany(timeout_ms=1000, max_records=5000)
-                for messages in batches.values():
-                    for message in messages:
-                        if b'"settled"' in (message.value or b""):  # cheap filter before validating
-                            record = _records.validate_json(message.value)
-                            if isinstance(record, SettledNotice):
-                                self.calls.handled.bump(record.streamPath, record.requestOffset)
-                                settled += 1
-                # Done by position, not by a record at the end: the last offset is usually a
-                # transaction's commit marker, which no consumer receives (docs/architecture.md, "Fencing").
-                for tp in list(todo):
-                    if await reader.position(tp) >= ends[tp]:
-                        todo.discard(tp)
-                        reader.pause(tp)
-                if not batches:
-                    break
+            ranges = {tp: (starts[tp] or 0, ends[tp]) for tp in assigned}
+            async for batch in read_ranges_async(reader, ranges, stop_when_idle=True):
+                for message in batch:
+                    if b'"settled"' in (message.value or b""):  # cheap filter before validating
+                        record = _records.validate_json(message.value)
+                        if isinstance(record, SettledNotice):
+                            self.calls.handled.bump(record.streamPath, record.requestOffset)
+                            settled += 1
         except Exception as error:  # the notices still act when the consumer reaches them
             log.warning("reading settled notices ahead failed: %s", error)
         finally:

@@ -33,6 +33,7 @@ from pipeline.capabilities.journal import JournalReader
 from pipeline.journal import records
 from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from pipeline.journal.streams import StreamEntry
+from pipeline.kafka.read import read_ranges_async
 from processors import row_codec, rows
 from processors.journal import apply_event, payload_hash
 from processors.state import ScriptRun
@@ -69,17 +70,12 @@ class Recovery:
         tp = TopicPartition(journal_topic, engine.partition)
         consumer.assign([tp])
         end = (await consumer.end_offsets([tp]))[tp]  # read_committed: the last stable offset
-        if position + 1 < end:
-            consumer.seek(tp, position + 1)
-            # The end may be a transaction marker, never delivered: stop on the position.
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=1000, max_records=5000)
-                tail = [(r.offset, r.value, dict(r.headers or ())) for r in batch.get(tp, []) if r.offset < end]
-                outcomes: list[Record] = []
-                refolded += self.refold(tail, outcomes)
-                for topic, key, value in outcomes:
-                    engine.checkpoints.publish(topic, key, value)
-                await engine.checkpoints.flush()
+        async for batch in read_ranges_async(consumer, {tp: (position + 1, end)}):
+            outcomes: list[Record] = []
+            refolded += self.refold([(r.offset, r.value, dict(r.headers or ())) for r in batch], outcomes)
+            for topic, key, value in outcomes:
+                engine.checkpoints.publish(topic, key, value)
+            await engine.checkpoints.flush()
         await engine.checkpoints.flush()  # the format row a new store got on open, even with nothing to re-fold
         log.info(
             "partition %d: re-folded %d journal events past position %d in %.2fs",

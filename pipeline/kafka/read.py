@@ -9,7 +9,7 @@ end - 1 arrived": that record may not exist.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -82,4 +82,34 @@ def read_ranges(
         if not behind:
             return
         if (stop_when_idle and not messages) or (deadline is not None and time.monotonic() > deadline):
+            return
+
+
+async def read_ranges_async(
+    consumer: Any,
+    ranges: Mapping[Any, tuple[int, int]],
+    *,
+    max_records: int = 5000,
+    stop_when_idle: bool = False,
+) -> AsyncIterator[list[Any]]:
+    """`read_ranges` for an aiokafka consumer: batches of the records of each topic partition from
+    `ranges[tp][0]` until the consumer's position reaches `ranges[tp][1]` (records at or past that
+    end are left out). With `stop_when_idle`, it stops at the first fetch that returns nothing."""
+    ends = {tp: end for tp, (start, end) in ranges.items() if start < end}
+    if not ends:
+        return
+    consumer.assign(list(ends))
+    for tp in ends:
+        consumer.seek(tp, ranges[tp][0])
+    behind = set(ends)
+    while behind:
+        batches = await consumer.getmany(*behind, timeout_ms=1000, max_records=max_records)
+        batch = [record for tp, records in batches.items() for record in records if record.offset < ends[tp]]
+        if batch:
+            yield batch
+        for tp in list(behind):  # asked after every fetch: a trailing marker moves only the position
+            if await consumer.position(tp) >= ends[tp]:
+                behind.discard(tp)
+                consumer.pause(tp)
+        if stop_when_idle and not batches:
             return
