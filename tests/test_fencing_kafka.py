@@ -403,5 +403,8 @@ def test_5_2_a_capability_host_paused_past_its_session_settles_every_run_once(
     assert not twice, f"{len(twice)} runs started or settled twice, e.g. {[(e, runs[e]) for e in twice[:3]]}"
     assert not unsettled, f"{len(unsettled)} runs never settled, e.g. {unsettled[:3]}"
     assert all(n[SCRIPT_RUN_REQUESTED] == 1 for n in runs.values())
+    # A script's calls end with its run: the woken host's set_context after the survivor settled
+    # the run as crashed is refused by the journal, never journaled after the settlement.
+    assert after_settled == 0, f"{after_settled} set_context appends journaled after their run settled"
     requests = assert_turns_settled_once(events, paths, summary)
     print(f"{requests} requests, each settled once")
