@@ -12,7 +12,12 @@ A Faust app (raw bytes keys and values, like the journal worker) with two agents
   The event is acknowledged only after Kafka has every command, so a crash re-routes it and the
   idempotency key makes the repeat a no-op.
 
-The repartition topic, the table and the journal have the same partition count and key (a stream
+Which sources are agents (docs/behaviour.md §6.7: from an agent only its answers are routed, as
+agent-loop input): every stream under `/agents/`, and any other stream whose `agent/created` the
+fan-out has passed, remembered in a second table, `agents` (key: stream path), which is keyed and
+partitioned like the journal.
+
+The repartition topic, the tables and the journal have the same partition count and key (a stream
 path), so source s's journal partition and table partition are the same number and land on the
 same worker. A subscription reaches the table after its repartition hop, or much later when the
 router restarts over a backlog, so the fan-out may already have passed source events journaled
@@ -43,12 +48,16 @@ from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import Settings
 from processors.reducer import epoch_ms
 from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source
+from schemas.events import AGENT_CREATED
 from schemas.routing import SOURCE_ROUTES, Route, SourceRoutes
 from topics.names import topic_names
 
 log = logging.getLogger("agentstream.router")
 
 TABLE = "subscriptions"
+AGENTS_TABLE = "agents"
+AGENT_NAMESPACE = "/agents/"
+_CREATED_MARK = AGENT_CREATED.encode()
 # Journal records carry the producer's timestamp, a moment before their createdAt: seek a little
 # earlier and compare createdAt exactly.
 CATCH_UP_MARGIN_MS = 10_000
@@ -119,6 +128,11 @@ def build_app(settings: Settings) -> faust.App:
         f"{settings.router_app_id}-{TABLE}-repartition", partitions=partitions, internal=True, **RAW
     )
     table = app.Table(TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
+    agents = app.Table(AGENTS_TABLE, partitions=partitions, key_type=bytes, value_type=bytes)
+
+    def from_agent(source: bytes) -> bool:
+        return source.startswith(AGENT_NAMESPACE.encode()) or agents.get(source) is not None
+
     # Journal partition -> the last offset the fan-out has looked up in the table (this worker).
     looked_up: dict[int, int] = {}
 
@@ -155,13 +169,14 @@ def build_app(settings: Settings) -> faust.App:
             if start is None or start.offset > last:
                 return
             key, routes = source.encode(), {agent: route}
+            agent_source = from_agent(key)
             async for batch in read_ranges_async(consumer, {tp: (start.offset, last + 1)}, max_records=1000):
                 for message in batch:
                     if message.key != key:
                         continue
                     record = orjson.loads(message.value)
                     if record.get("createdAt", "") >= subscribed_at:
-                        await send_all(routed_commands(record, len(message.value), routes))
+                        await send_all(routed_commands(record, len(message.value), routes, from_agent=agent_source))
         finally:
             await consumer.stop()
 
@@ -195,11 +210,21 @@ def build_app(settings: Settings) -> faust.App:
             if agent in updated and agent not in routes:
                 await catch_up(event.key.decode(), agent, updated[agent], record["createdAt"])
 
+    def remember_agent(key: bytes, value: bytes) -> None:
+        try:
+            created = orjson.loads(value).get("type") == AGENT_CREATED
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if created and agents.get(key) is None:
+            agents[key] = b"1"
+
     @app.agent(journal, name="fanout")
     async def fanout(stream: Any) -> None:
         async for event in stream.events():
             # Before the lookup: a subscription applied from now on catches up through this offset.
             looked_up[event.message.partition] = event.message.offset
+            if _CREATED_MARK in event.value and not event.key.startswith(AGENT_NAMESPACE.encode()):
+                remember_agent(event.key, event.value)
             raw_routes = table.get(event.key)  # the record key is the source's stream path
             if raw_routes is None:
                 continue
@@ -209,7 +234,8 @@ def build_app(settings: Settings) -> faust.App:
             except orjson.JSONDecodeError:
                 log.error("journal record at %s is not JSON; not routed", event.message.offset)
                 continue
-            await send_all(routed_commands(record, len(event.value), decode_routes(raw_routes)))
+            routes = decode_routes(raw_routes)
+            await send_all(routed_commands(record, len(event.value), routes, from_agent=from_agent(event.key)))
             FANOUT_SECONDS.observe(time.perf_counter() - started)
 
     @app.on_partitions_revoked.connect

@@ -16,30 +16,48 @@ returned. Tiers:
 - `platform`: anything, including worker-only commands (which go to the internal topic).
 
 Every tier is also bounded by its token's scope: path globs where `*` matches within one path
-segment and `**` across segments.
+segment and `**` across segments. And for every tier but platform (docs/behaviour.md §6.6, §6.8):
+- only agents are agents: `agent/created`, `agent/configured`, `agent/subscribed` and system items
+  are refused anywhere (an integration could otherwise make its own agent under `/integrations/`);
+- the idempotency keys the system mints (`agent/…`, `route/…`, …) are refused, so nobody can take
+  a key a worker will need and silence a turn, a route or a result.
+A subscription's source must lie inside the appending token's scope too.
 """
 
 from __future__ import annotations
 
-import functools
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from processors.globs import in_scope
+from processors.idempotency_keys import RESERVED_KEY_PREFIXES, is_reserved
 from schemas.context import INTEGRATION_ACTOR_TYPES
-from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED, AppendCommand, worker_only_reason
+from schemas.events import (
+    AGENT_CONFIGURED,
+    AGENT_CREATED,
+    AGENT_PAUSED,
+    AGENT_RESUMED,
+    CONTEXT_ADDED,
+    AppendCommand,
+    worker_only_reason,
+)
 from schemas.gateway import Tier
+from schemas.routing import AGENT_SUBSCRIBED
 
 AGENT_STREAMS = "/agents/"
 INTEGRATION_STREAMS = "/integrations/"
 # Actor types an integration may speak as: all are third-party data to the model.
 USER_TYPES = frozenset({CONTEXT_ADDED, AGENT_PAUSED, AGENT_RESUMED})
+# What makes a stream an agent, and what only the platform may therefore append (§6.6).
+AGENT_ONLY_TYPES = frozenset({AGENT_CREATED, AGENT_CONFIGURED, AGENT_SUBSCRIBED})
 DEFAULT_MAX_USER_FILE_BYTES = 25 * 1024 * 1024
 
 # Every rule name the gate can answer (bounded: a Prometheus label, and what a 403 names).
 RULES = (
     "scope",
+    "reserved-key",
+    "agent-only-types",
+    "subscribe",
     "worker-only",
     "user-agent-streams-only",
     "user-types",
@@ -96,8 +114,20 @@ def admit(
     path = command.streamPath
     if not in_scope(path, claims.scope):
         return Refused("scope", f"{path} is outside this token's scope {list(claims.scope)}")
+    if command.type == AGENT_SUBSCRIBED:
+        source = command.payload.get("source")
+        if isinstance(source, str) and not in_scope(source, claims.scope):
+            return Refused(
+                "subscribe", f"forbidden: subscribe: {source} is outside this token's scope {list(claims.scope)}"
+            )
     if claims.tier == "platform":
         return Admitted(command, internal=worker_only_reason(command.type, command.payload) is not None)
+    if is_reserved(command.idempotencyKey):
+        return Refused(
+            "reserved-key",
+            f"idempotency key {command.idempotencyKey!r} is reserved for the system (keys starting with "
+            f"{', '.join(RESERVED_KEY_PREFIXES)}); choose another key",
+        )
     tier_rules = {"user": _user, "integration": _integration, "agent": _agent}[claims.tier]
     decision = tier_rules(claims, command, max_user_file_bytes)
     if isinstance(decision, Refused):
@@ -105,6 +135,9 @@ def admit(
     worker_only = worker_only_reason(decision.command.type, decision.command.payload)
     if worker_only is not None:
         return Refused("worker-only", f"{worker_only}; only a platform token may send it")
+    if command.type in AGENT_ONLY_TYPES or (command.type == CONTEXT_ADDED and command.payload.get("role") == "system"):
+        what = "system items" if command.type == CONTEXT_ADDED else command.type
+        return Refused("agent-only-types", f"{what} make and shape agents: only a platform token may send them")
     return decision
 
 
@@ -196,31 +229,3 @@ def _present(item: dict[str, Any], *fields: tuple[str, str]) -> Refused | None:
 
 def _with_actor(command: AppendCommand, actor: dict[str, Any]) -> AppendCommand:
     return command.model_copy(update={"payload": {**command.payload, "actor": actor}})
-
-
-# --- scope globs -------------------------------------------------------------------------------
-
-
-def in_scope(path: str, globs: Iterable[str]) -> bool:
-    return any(_glob(glob).fullmatch(path) for glob in globs)
-
-
-@functools.lru_cache(maxsize=4096)
-def _glob(glob: str) -> re.Pattern[str]:
-    """`**` matches across segments, `*` within one segment, `?` one character of a segment."""
-    parts: list[str] = []
-    i = 0
-    while i < len(glob):
-        if glob.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        elif glob[i] == "*":
-            parts.append("[^/]*")
-            i += 1
-        elif glob[i] == "?":
-            parts.append("[^/]")
-            i += 1
-        else:
-            parts.append(re.escape(glob[i]))
-            i += 1
-    return re.compile("".join(parts))

@@ -21,6 +21,14 @@ import hashlib
 
 MAX_KEY_CHARS = 512  # schemas.events.IdempotencyKey's bound
 ROUTE_KEY_PREFIX = "route/"
+# Every key this module mints starts with one of these. The gateway refuses them from every tier
+# but platform (docs/behaviour.md §6.8): a key taken early would silence the worker that needs it.
+RESERVED_KEY_PREFIXES = ("agent/", ROUTE_KEY_PREFIX, "capability-host/", "github/delivery/", "slack/event/")
+
+
+def is_reserved(key: str | None) -> bool:
+    return key is not None and key.startswith(RESERVED_KEY_PREFIXES)
+
 
 # --- birth (§5) ------------------------------------------------------------------------------------
 

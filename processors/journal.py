@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from processors import dedupe, idempotency_keys, row_codec, rows
+from processors import dedupe, grants, idempotency_keys, row_codec, rows
 from processors.dedupe import RowReader
 from processors.reducer import epoch_ms, fold
 from processors.state import AgentState, SourceOffsets
@@ -95,6 +95,9 @@ def journal_command(
             f"script run {execution!r} is not running in {path} (settled, or never requested): "
             "a script's calls are accepted only until its run is settled"
         )
+    refusal = grants.subscription_refusal(path, state.created, state.config.grants, command)
+    if refusal is not None:
+        return Rejected(refusal)
     envelope: dict[str, Any] = {
         "streamPath": path,
         "offset": state.cursor + 1,

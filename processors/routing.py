@@ -4,9 +4,16 @@
     commands = routed_commands(source_event, size, routes)          # append commands to produce
 
 Each subscriber gets one developer item: a short summary (who did what; never the raw payload or
-its secrets), an integration-kind actor for the source, and a ref to the source event, with the
-idempotency key `route/<source>@<offset>` so a re-routed event is a no-op. Events that were
-themselves routed are never routed again: two agents subscribed to each other do not ping-pong.
+its secrets), an actor for the source, and a ref to the source event, with the idempotency key
+`route/<source>@<offset>` so a re-routed event is a no-op. Events that were themselves routed are
+never routed again.
+
+Loops are bounded (docs/behaviour.md §6.7). Request bookkeeping (`llm-request-*`,
+`token-usage-reported`, `capability-host/*`) is never routed. From an agent's stream only its
+answers (`context-added` with role assistant) are routed unless the subscription names event types,
+and the routed item's actor is that agent: an agent-loop trigger, so `maxAutonomousTurns` bounds any
+cycle of agents subscribed to each other. From any other stream the actor is an integration kind
+(third-party data, external input).
 """
 
 from __future__ import annotations
@@ -17,7 +24,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from processors.idempotency_keys import is_routed, route_key
-from schemas.events import CONTEXT_ADDED
+from schemas.events import (
+    CAPABILITY_HOST_PREFIX,
+    CONTEXT_ADDED,
+    LLM_REQUEST_REQUESTED,
+    LLM_REQUEST_SETTLED,
+    TOKEN_USAGE_REPORTED,
+)
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED, SLACK_WEBHOOK_RECEIVED
 from schemas.routing import (
     AGENT_SUBSCRIBED,
@@ -71,27 +84,46 @@ def apply_subscription(routes: SourceRoutes, event: Mapping[str, Any]) -> Source
 # --- fan-out -----------------------------------------------------------------------------------
 
 
+REQUEST_BOOKKEEPING = frozenset({LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED})
+
+
 def routable(event: Mapping[str, Any]) -> bool:
-    return not is_routed(event.get("idempotencyKey"))
+    """Neither routed itself nor request bookkeeping: never routed to anyone."""
+    event_type = event.get("type")
+    if not isinstance(event_type, str) or event_type in REQUEST_BOOKKEEPING:
+        return False
+    return not event_type.startswith(CAPABILITY_HOST_PREFIX) and not is_routed(event.get("idempotencyKey"))
 
 
-def wants(route: Route, event_type: str) -> bool:
-    return route.eventTypes is None or event_type in route.eventTypes
+def wants(route: Route, event: Mapping[str, Any], from_agent: bool) -> bool:
+    """Whether the subscriber asked for this event: the types it named, or by default every event
+    of a non-agent stream and an agent's answers only."""
+    event_type = event.get("type")
+    if route.eventTypes is not None:
+        return event_type in route.eventTypes
+    if from_agent:
+        payload = event.get("payload")
+        return event_type == CONTEXT_ADDED and isinstance(payload, dict) and payload.get("role") == "assistant"
+    return True
 
 
-def routed_commands(event: Mapping[str, Any], size_bytes: int, routes: SourceRoutes) -> list[dict[str, Any]]:
-    """The append commands (no appendId) that route one journaled source event to its subscribers."""
+def routed_commands(
+    event: Mapping[str, Any], size_bytes: int, routes: SourceRoutes, *, from_agent: bool
+) -> list[dict[str, Any]]:
+    """The append commands (no appendId) that route one journaled source event to its subscribers.
+    `from_agent`: the source stream is an agent's (docs/behaviour.md §6.7)."""
     if not routes or not routable(event):
         return []
     source, offset, event_type = event["streamPath"], event["offset"], event["type"]
     payload = event.get("payload") if isinstance(event.get("payload"), dict) else {}
-    targets = [(path, route) for path, route in routes.items() if path != source and wants(route, event_type)]
+    targets = [(path, route) for path, route in routes.items() if path != source and wants(route, event, from_agent)]
     if not targets:
         return []
+    actor = {"type": "agent", "path": source} if from_agent else actor_for(source, event_type, payload)
     item: dict[str, Any] = {
         "role": "developer",
         "content": summarize(source, offset, event_type, payload, size_bytes),
-        "actor": actor_for(source, event_type, payload),
+        "actor": actor,
         "refs": [{"type": "event", "streamPath": source, "offset": offset, "eventType": event_type}],
     }
     key = route_key(source, offset)

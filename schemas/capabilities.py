@@ -61,9 +61,17 @@ class ScriptRunSettledPayload(Wire):
     settlement: Settlement
 
 
+class ScriptGrants(Wire):
+    """The grants a run acts with (docs/behaviour.md §6.6), resolved from the agent's configuration."""
+
+    read: list[str]
+    readReferenced: bool  # events the agent's own items reference are readable too
+    send: list[str]
+
+
 class ScriptRunRecord(Wire):
     """One record of the `script-runs` topic: a journaled `script-run-requested`, with what the
-    host needs that the event does not say (the agent's script timeout at the time)."""
+    host needs that the event does not say (the agent's script timeout and grants at the time)."""
 
     streamPath: StreamPath
     offset: Annotated[int, Field(gt=0, strict=True)]  # of the script-run-requested event
@@ -72,3 +80,5 @@ class ScriptRunRecord(Wire):
     executionId: NonEmpty
     expiresAt: EpochMs
     timeoutMs: Annotated[int, Field(ge=1, strict=True)]
+    # Absent only in records written before grants existed: the host then applies the defaults.
+    grants: ScriptGrants | None = None

@@ -22,6 +22,21 @@ class RetryPolicy(Wire):
     backoffMaxMs: NonNegativeMs = 60_000
 
 
+# A stream path glob, as in token scopes: path characters plus `*` (one segment), `**` (any
+# depth) and `?` (one character).
+PathGlob = Annotated[str, Field(pattern=r"^/[A-Za-z0-9._~:@+\-*?/]*$", max_length=512)]
+GlobList = Annotated[list[PathGlob], Field(max_length=256)]
+
+
+class AgentGrants(Wire):
+    """What the agent's scripts may read and send to, and what it may subscribe to (docs/behaviour.md
+    §6.6). An absent list means the default for it; a configured list replaces that default."""
+
+    read: GlobList | None = None
+    send: GlobList | None = None
+    subscribe: GlobList | None = None
+
+
 class AgentConfig(Wire):
     """The effective configuration; every field has the contract's default."""
 
@@ -34,6 +49,7 @@ class AgentConfig(Wire):
     scriptResultHistoryLimit: Annotated[int, Field(ge=0, strict=True)] = 30_000
     # Wall time of one script run (the request's expiry may cut it shorter).
     scriptTimeoutMs: Annotated[int, Field(ge=1, strict=True)] = 30_000
+    grants: AgentGrants = AgentGrants()
 
 
 # The patch mirrors AgentConfig with every field optional; only the fields a producer sets are
@@ -61,6 +77,12 @@ class RetryPolicyPatch(_Patch):
     backoffMaxMs: NonNegativeMs | None = None
 
 
+class GrantsPatch(_Patch):
+    read: GlobList | None = None
+    send: GlobList | None = None
+    subscribe: GlobList | None = None
+
+
 class ConfigPatch(_Patch):
     llm: LlmPatch | None = None
     llmRequestDebounceMs: NonNegativeMs | None = None
@@ -70,6 +92,7 @@ class ConfigPatch(_Patch):
     compactionTriggerFraction: Annotated[float, Field(gt=0, le=1)] | None = None
     scriptResultHistoryLimit: Annotated[int, Field(ge=0, strict=True)] | None = None
     scriptTimeoutMs: Annotated[int, Field(ge=1, strict=True)] | None = None
+    grants: GrantsPatch | None = None
 
 
 def _deep_merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

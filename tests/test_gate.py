@@ -96,10 +96,11 @@ def expected_allowed(tier: str, path: str, role: str, actor: str, field: str) ->
             and field not in {"key", "compaction", "llmRequestOffset", "big file"}
         )
     if tier == "integration":
-        # Raw events to integration streams (anything but worker-only commands); developer items
-        # with an integration-kind actor to agent streams.
+        # Raw events to integration streams (anything but worker-only commands and, §6.6, system
+        # items: only agents are agents); developer items with an integration-kind actor to agent
+        # streams.
         if path.startswith("/integrations/"):
-            return not worker_only(role, field)
+            return not worker_only(role, field) and role != "system"
         return (
             to_agent
             and role == "developer"
@@ -200,6 +201,7 @@ def test_a_refusal_names_the_rule_that_refused() -> None:
         "agent-role": (CLAIMS["agent"], item_command(AGENT_STREAM, "user", "none", "plain")),
         "agent-actor-stamped": (CLAIMS["agent"], item_command(AGENT_STREAM, "developer", "github", "plain")),
         "agent-agent-streams-only": (CLAIMS["agent"], item_command(INTEGRATION_STREAM, "developer", "none", "plain")),
+        "agent-only-types": (CLAIMS["integration"], item_command(INTEGRATION_STREAM, "system", "none", "plain")),
     }
     for rule, (claims, command) in cases.items():
         decision = admit(claims, command, max_user_file_bytes=MAX_FILE)
@@ -284,3 +286,85 @@ def test_slack_signatures_cover_the_timestamp_and_expire_after_five_minutes() ->
     assert not slack_signature_ok("s", body, stamp, signature, now + 301)  # a replay
     assert not slack_signature_ok("s", body, str(int(now) + 1), signature, now)  # another timestamp
     assert not slack_signature_ok("s", body, "not-a-number", signature, now)
+
+
+# --- §6.6 only agents are agents, §6.8 reserved keys -------------------------------------------------
+
+AGENT_MAKING = {
+    "events.iterate.com/agent/created": {},
+    AGENT_CONFIGURED: {"config": {"maxAutonomousTurns": 3}},
+    "events.iterate.com/agent/subscribed": {"source": "/integrations/github/42"},
+}
+
+
+@pytest.mark.parametrize("tier", ["user", "integration", "agent"])
+@pytest.mark.parametrize("path", STREAMS)
+@pytest.mark.parametrize("event_type", sorted(AGENT_MAKING))
+def test_6_6_only_a_platform_token_makes_configures_or_subscribes_an_agent_anywhere(
+    tier: str, path: str, event_type: str
+) -> None:
+    command = AppendCommand(streamPath=path, type=event_type, payload=AGENT_MAKING[event_type])
+    assert isinstance(admit(CLAIMS[tier], command), Refused)
+    assert isinstance(admit(CLAIMS["platform"], command), Admitted)
+
+
+def test_6_6_an_integration_token_cannot_make_its_own_agent_under_integrations() -> None:
+    """The probe's second path: `agent/created`, a system prompt and a subscription appended to
+    `/integrations/evil` by an integration token; every one is refused by rule."""
+    evil = "/integrations/evil"
+    created = AppendCommand(streamPath=evil, type="events.iterate.com/agent/created", payload={})
+    prompt = item_command(evil, "system", "none", "plain")
+    subscribed = AppendCommand(
+        streamPath=evil, type="events.iterate.com/agent/subscribed", payload={"source": "/agents/bob/a1"}
+    )
+    for command in (created, prompt, subscribed):
+        decision = admit(CLAIMS["integration"], command)
+        assert isinstance(decision, Refused) and decision.rule == "agent-only-types", decision
+    # An ordinary raw event still goes in.
+    raw = AppendCommand(streamPath=evil, type="com.example/ticket-opened", payload={"id": 1})
+    assert isinstance(admit(CLAIMS["integration"], raw), Admitted)
+
+
+def test_6_6_a_subscription_source_outside_the_token_scope_is_refused_even_for_platform() -> None:
+    claims = Claims("platform", ("/agents/acme/**",))
+    inside = AppendCommand(
+        streamPath="/agents/acme/a1", type="events.iterate.com/agent/subscribed", payload={"source": "/agents/acme/b"}
+    )
+    outside = AppendCommand(
+        streamPath="/agents/acme/a1", type="events.iterate.com/agent/subscribed", payload={"source": "/agents/bob/a1"}
+    )
+    assert isinstance(admit(claims, inside), Admitted)
+    decision = admit(claims, outside)
+    assert isinstance(decision, Refused) and decision.rule == "subscribe"
+    assert decision.detail.startswith("forbidden: subscribe: /agents/bob/a1 is outside")
+
+
+RESERVED_EXAMPLES = (
+    "agent/request/3",
+    "agent/script-result@agent-output:5",
+    "route//integrations/github/42@7",
+    "capability-host/script-run-settled@agent-output:5",
+    "github/delivery/abc",
+    "slack/event/Ev1",
+)
+
+
+@pytest.mark.parametrize("tier", ["user", "integration", "agent"])
+@pytest.mark.parametrize("key", RESERVED_EXAMPLES)
+def test_6_8_reserved_idempotency_keys_are_refused_from_every_tier_but_platform(tier: str, key: str) -> None:
+    role = {"user": "user", "integration": "developer", "agent": "developer"}[tier]
+    actor = "github" if tier == "integration" else "none"
+    command = item_command(AGENT_STREAM, role, actor, "plain").model_copy(update={"idempotencyKey": key})
+    decision = admit(CLAIMS[tier], command)
+    assert isinstance(decision, Refused) and decision.rule == "reserved-key", decision
+    assert key in decision.detail
+    # The same command with an ordinary key is admitted, and platform may use any key.
+    ordinary = command.model_copy(update={"idempotencyKey": "my-client/retry-1"})
+    assert isinstance(admit(CLAIMS[tier], ordinary), Admitted)
+    assert isinstance(admit(CLAIMS["platform"], command), Admitted)
+
+
+@pytest.mark.parametrize("key", ["agents/1", "Agent/request/3", "router/x", "github/other", "my-agent/request/3"])
+def test_6_8_keys_that_only_resemble_reserved_ones_stay_free(key: str) -> None:
+    command = item_command(AGENT_STREAM, "user", "none", "plain").model_copy(update={"idempotencyKey": key})
+    assert isinstance(admit(CLAIMS["user"], command), Admitted)

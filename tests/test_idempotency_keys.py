@@ -5,6 +5,7 @@ longer match: never "fix" the expected strings."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 
 from pipeline import base_policy
 from pipeline.gateway.webhooks import github_command, slack_command
@@ -78,8 +79,8 @@ def test_producers_outside_the_core_use_the_same_keys() -> None:
     assert slack["idempotencyKey"] == "slack/event/Ev1"
     for command in (github, slack):
         AppendCommand.model_validate(command)
-    assert not routable({"idempotencyKey": keys.route_key("/integrations/x", 1)})
-    assert routable({"idempotencyKey": "github/delivery/d-1"}) and routable({})
+    assert not routable({"type": "x/y", "idempotencyKey": keys.route_key("/integrations/x", 1)})
+    assert routable({"type": "x/webhook", "idempotencyKey": "github/delivery/d-1"}) and routable({"type": "x/y"})
 
 
 def test_an_expiry_key_is_read_back_as_its_request_and_kind() -> None:
@@ -95,3 +96,20 @@ def test_an_expiry_key_is_read_back_as_its_request_and_kind() -> None:
         "agents/request/12/expired",
     ):
         assert keys.expiry_of(other) is None, other
+
+
+def test_6_8_every_key_the_system_mints_is_reserved() -> None:
+    """Each key-building function of the module, called with sample arguments, yields a key the
+    gateway refuses from non-platform tiers: a new kind of key cannot slip out of the reserved set."""
+    samples = {"trigger_offset": 7, "request_offset": 9, "report_offset": 12, "assistant_offset": 5, "revision": 2}
+    samples |= {"execution_id": "agent-output:5", "delivery": "d1", "event_id": "Ev1", "offset": 3, "call": 1}
+    samples |= {"source": "/agents/a", "target": "/agents/b"}
+    minted = [keys.AGENT_CREATED_KEY]
+    for name, function in inspect.getmembers(keys, inspect.isfunction):
+        if function.__module__ != keys.__name__ or not name.endswith("_key"):
+            continue
+        minted.append(function(**{p: samples[p] for p in inspect.signature(function).parameters}))
+    assert len(minted) >= 20
+    assert all(keys.is_reserved(key) for key in minted), [key for key in minted if not keys.is_reserved(key)]
+    assert keys.script_call_key("/agents/a", "agent-output:5", 1, "/agents/a").startswith("capability-host/")
+    assert not keys.is_reserved("agents/1") and not keys.is_reserved(None)

@@ -696,9 +696,9 @@ def test_6_an_unsettled_script_run_is_listed_for_its_record_to_go_out_again() ->
         await run_a_script(h)
         (record,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.script_runs)]
         runs = Recovery(restarted(h)).unsettled_script_runs()
-        assert [(path, run.executionId, run.offset, run.expiresAt, timeout) for path, run, timeout in runs] == [
-            (PATH, "agent-output:4", record["offset"], record["expiresAt"], record["timeoutMs"])
-        ]
+        assert [
+            (path, run.executionId, run.offset, run.expiresAt, config.scriptTimeoutMs) for path, run, config in runs
+        ] == [(PATH, "agent-output:4", record["offset"], record["expiresAt"], record["timeoutMs"])]
         first = h.kafka.on(NAMES.journal)[record["offset"] - 1]
         event = orjson.loads(first.value)
         assert (
@@ -709,7 +709,7 @@ def test_6_an_unsettled_script_run_is_listed_for_its_record_to_go_out_again() ->
                 event["payload"]["code"],
                 "agent-output:4",
                 event["payload"]["expiresAt"],
-                record["timeoutMs"],
+                runs[0][2],
             )
             == h.kafka.on(NAMES.script_runs)[0].value
         )

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
+from processors.reducer import trigger_source
 from processors.routing import (
     MAX_SUMMARY_CHARS,
     actor_for,
@@ -309,7 +310,9 @@ def test_each_subscriber_gets_one_developer_item_with_the_ref_and_the_route_idem
     payload = github("pull_request", pull_request("opened"))
     event = journaled(GITHUB_SOURCE, 12, GITHUB_WEBHOOK_RECEIVED, payload, key="github/delivery/d-1")
     policy = {"behaviour": "after-current-request"}
-    commands = routed_commands(event, 4321, routes_for("/agents/b", "/agents/a", llmRequestPolicy=policy))
+    commands = routed_commands(
+        event, 4321, routes_for("/agents/b", "/agents/a", llmRequestPolicy=policy), from_agent=False
+    )
     assert [c["streamPath"] for c in commands] == ["/agents/a", "/agents/b"]
     for command in commands:
         assert command["idempotencyKey"] == f"route/{GITHUB_SOURCE}@12"
@@ -331,23 +334,87 @@ def test_event_types_filter_what_a_subscriber_gets() -> None:
     routes.update(routes_for("/agents/all"))
     github_event = journaled(GITHUB_SOURCE, 2, GITHUB_WEBHOOK_RECEIVED, github("push", PUSH))
     crm_event = journaled(GITHUB_SOURCE, 3, "events.iterate.com/crm/ticket-opened", {})
-    assert [c["streamPath"] for c in routed_commands(github_event, 10, routes)] == ["/agents/all"]
-    assert [c["streamPath"] for c in routed_commands(crm_event, 10, routes)] == ["/agents/a", "/agents/all"]
+    assert [c["streamPath"] for c in routed_commands(github_event, 10, routes, from_agent=False)] == ["/agents/all"]
+    crm_targets = [c["streamPath"] for c in routed_commands(crm_event, 10, routes, from_agent=False)]
+    assert crm_targets == ["/agents/a", "/agents/all"]
 
 
 def test_routed_events_are_never_routed_again_and_no_stream_is_routed_to_itself() -> None:
     routes = routes_for("/agents/a", "/agents/b")
     echo = journaled("/agents/b", 4, CONTEXT_ADDED, {"role": "developer", "content": "x"}, key="route/x@1")
-    assert routed_commands(echo, 10, routes) == []
-    own = journaled("/agents/a", 5, CONTEXT_ADDED, {"role": "user", "content": "hi"})
-    assert [c["streamPath"] for c in routed_commands(own, 10, {**routes})] == ["/agents/b"]
-    assert routed_commands(journaled(GITHUB_SOURCE, 1, "x", {}), 10, {}) == []
+    assert routed_commands(echo, 10, routes, from_agent=True) == []
+    own = journaled("/agents/a", 5, CONTEXT_ADDED, {"role": "assistant", "content": "hi"})
+    assert [c["streamPath"] for c in routed_commands(own, 10, {**routes}, from_agent=True)] == ["/agents/b"]
+    assert routed_commands(journaled(GITHUB_SOURCE, 1, "x", {}), 10, {}, from_agent=False) == []
 
 
 def test_a_source_path_near_the_length_limit_still_gets_a_bounded_route_key() -> None:
     source = "/integrations/" + "/".join(["s" * 98] * 5)  # 508 characters: the plain key would be 516
     event = journaled(source, 7, "x", {})
-    (command,) = routed_commands(event, 1, {"/agents/a": Route(since=1)})
+    (command,) = routed_commands(event, 1, {"/agents/a": Route(since=1)}, from_agent=False)
     assert len(command["idempotencyKey"]) <= 512 and command["idempotencyKey"].endswith("@7")
     assert command["idempotencyKey"].startswith("route/sha256:")
     AppendCommand.model_validate(command)
+
+
+# --- §6.7 loops are bounded --------------------------------------------------------------------------
+
+BOOKKEEPING = [
+    ("events.iterate.com/agent/llm-request-requested", {"model": "m", "expiresAt": 1}),
+    ("events.iterate.com/agent/llm-request-settled", {"requestOffset": 3, "outcome": {"status": "succeeded"}}),
+    ("events.iterate.com/agent/token-usage-reported", {"requestOffset": 3, "inputTokens": 1, "outputTokens": 1}),
+    ("events.iterate.com/capability-host/script-run-started", {"executionId": "agent-output:4"}),
+    ("events.iterate.com/capability-host/script-run-settled", {"executionId": "agent-output:4"}),
+]
+
+
+@pytest.mark.parametrize(("event_type", "payload"), BOOKKEEPING)
+@pytest.mark.parametrize("from_agent", [True, False])
+def test_6_7_request_bookkeeping_is_never_routed_even_when_named(
+    event_type: str, payload: dict[str, Any], from_agent: bool
+) -> None:
+    routes = routes_for("/agents/b") | routes_for("/agents/c", eventTypes=[event_type])
+    event = journaled("/agents/a", 9, event_type, payload)
+    assert routed_commands(event, 10, routes, from_agent=from_agent) == []
+
+
+def test_6_7_from_an_agent_only_its_answers_are_routed_by_default_and_as_agent_loop_input() -> None:
+    routes = routes_for("/agents/b")
+    answer = journaled("/agents/a", 6, CONTEXT_ADDED, {"role": "assistant", "content": "done", "llmRequestOffset": 5})
+    (command,) = routed_commands(answer, 100, routes, from_agent=True)
+    assert command["payload"]["actor"] == {"type": "agent", "path": "/agents/a"}
+    assert command["payload"]["refs"][0] == {
+        "type": "event",
+        "streamPath": "/agents/a",
+        "offset": 6,
+        "eventType": CONTEXT_ADDED,
+    }
+    # The reducer sees an agent actor as agent-loop feedback (§4.1), never external input.
+    assert (
+        trigger_source(parse_consumed_input({"type": command["type"], "payload": command["payload"]}).payload)
+        == "agent-loop"
+    )
+    for role in ("user", "developer", "system"):
+        other = journaled("/agents/a", 7, CONTEXT_ADDED, {"role": role, "content": "x"})
+        assert routed_commands(other, 10, routes, from_agent=True) == []
+    paused = journaled("/agents/a", 8, "events.iterate.com/agent/paused", {})
+    assert routed_commands(paused, 10, routes, from_agent=True) == []
+
+
+def test_6_7_event_types_widen_what_an_agent_source_routes() -> None:
+    routes = routes_for("/agents/b", eventTypes=[CONTEXT_ADDED, "events.iterate.com/agent/paused"])
+    user_item = journaled("/agents/a", 7, CONTEXT_ADDED, {"role": "user", "content": "x"})
+    paused = journaled("/agents/a", 8, "events.iterate.com/agent/paused", {"reason": "r"})
+    assert len(routed_commands(user_item, 10, routes, from_agent=True)) == 1
+    assert len(routed_commands(paused, 10, routes, from_agent=True)) == 1
+
+
+def test_6_7_from_an_integration_every_event_is_routed_as_external_input() -> None:
+    routes = routes_for("/agents/b")
+    event = journaled(GITHUB_SOURCE, 3, "events.iterate.com/crm/ticket-opened", {})
+    (command,) = routed_commands(event, 10, routes, from_agent=False)
+    assert command["payload"]["actor"]["type"] == "integration"
+    assert (
+        trigger_source(parse_consumed_input({"type": command["type"], "payload": command["payload"]}).payload)
+        == "external"
+    )

@@ -9,6 +9,11 @@
   `after-current-request`): that agent takes a turn.
 - `now()`: the current time, UTC ISO-8601.
 
+Each run acts with its agent's grants (docs/behaviour.md §6.6), as the journal worker resolved
+them from the agent's configuration when it requested the run: `read_event` outside them raises
+PermissionError before anything is read (so it tells nothing about the event), and so does
+`send_to_agent`, which then appends nothing.
+
 Every append goes through the ordinary client door with an idempotency key derived from the
 execution id and a call counter, so a repeated run could never append twice; each call waits until
 the journal has the item and returns its offset.
@@ -31,9 +36,13 @@ from typing import Any
 import orjson
 
 from pipeline.capabilities.journal import JournalReader
+from pipeline.capabilities.references import ReferencedEvents
 from pipeline.client import AppendError, AppendResult, AppendTimeout, Client, Receipt
+from processors import grants
+from processors.globs import in_scope
 from processors.idempotency_keys import script_call_key
-from schemas.capabilities import SCRIPT_RUN_SETTLED
+from schemas.capabilities import SCRIPT_RUN_SETTLED, ScriptGrants
+from schemas.config import AgentGrants
 from schemas.events import CONTEXT_ADDED
 from schemas.limits import path_problem
 
@@ -115,9 +124,14 @@ class Grants:
         client: Client,
         reader: JournalReader,
         blocking: Blocking,
+        references: ReferencedEvents,
+        granted: ScriptGrants | None = None,
         requested_at: int = 0,
     ) -> None:
         self.path = path
+        # A record written before grants existed gets the defaults, never more.
+        self.granted = granted if granted is not None else grants.script_grants(path, AgentGrants())
+        self.references = references
         self.execution = execution
         self.requested_at = requested_at  # offset of the run's script-run-requested event
         self.client = client
@@ -135,6 +149,8 @@ class Grants:
 
     async def read_event(self, ref: Any) -> dict[str, Any]:
         path, offset = parse_ref(ref)
+        if not await self._may_read(path, offset):
+            raise PermissionError(grants.read_refusal(path))
         event = await self.blocking(self.reader.event, path, offset)
         if event is None:
             raise LookupError(f"no event {path}@{offset}: the stream has no event at that offset")
@@ -158,6 +174,8 @@ class Grants:
         problem = path_problem(path)
         if problem is not None:
             raise ValueError(problem)
+        if not in_scope(path, self.granted.send):
+            raise PermissionError(grants.send_refusal(path))
         item = {
             "role": "developer",
             "content": _text("content", content),
@@ -168,6 +186,13 @@ class Grants:
 
     async def now(self) -> str:
         return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    async def _may_read(self, path: str, offset: int) -> bool:
+        if in_scope(path, self.granted.read):
+            return True
+        if not self.granted.readReferenced:
+            return False
+        return bool(await self.blocking(self.references.references, self.path, path, offset))
 
     async def _settled(self) -> bool:
         """Whether the run's own stream already holds its settlement (another host settled it)."""

@@ -38,6 +38,7 @@ from pipeline import exit_codes, metrics
 from pipeline.capabilities.config import HostConfig
 from pipeline.capabilities.grants import Grants, outcome
 from pipeline.capabilities.journal import JournalReader
+from pipeline.capabilities.references import ReferencedEvents
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
 from pipeline.kafka.offset_progress import PartitionProgress, commit_points
@@ -96,6 +97,7 @@ class CapabilityHost:
         self._internal: Client | None = None  # started/settled: the workers' door
         self._client: Client | None = None  # the script's own appends: the ordinary door
         self._reader: JournalReader | None = None
+        self._references: ReferencedEvents | None = None  # the default read grant's index
         self._sandbox: Sandbox | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------
@@ -125,6 +127,7 @@ class CapabilityHost:
         self._internal = await self._blocking(lambda: Client(settings, internal=True))
         self._client = await self._blocking(lambda: Client(settings))
         self._reader = JournalReader(settings)
+        self._references = ReferencedEvents(self._reader)
         session_timeout_ms = int(settings.session_timeout_s * 1000)
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers,
@@ -287,6 +290,8 @@ class CapabilityHost:
                     client=self._client,  # type: ignore[arg-type]
                     reader=self._reader,  # type: ignore[arg-type]
                     blocking=self._blocking,
+                    references=self._references,  # type: ignore[arg-type]
+                    granted=record.grants,
                     requested_at=record.offset,
                 )
                 ran = await self._sandbox.run(record.code, grants.functions(), max(budget_s, 0.001))

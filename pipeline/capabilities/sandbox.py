@@ -48,6 +48,7 @@ SANDBOX_HINT = (
 _SLEEPS = frozenset({"system.sleep", "system.async_sleep"})
 _LIMIT = re.compile(r"memory limit exceeded|maximum recursion depth|suspension limit|output limit")
 _TIME = re.compile(r"time limit exceeded|sleep limit exceeded")
+_GRANTS = re.compile(r"outside this agent's \w+ grants")  # a refusal of §6.6, not of the sandbox
 _SANDBOXED = re.compile(
     r"^(ModuleNotFoundError|ImportError|PermissionError|OSError|FileNotFoundError)\b"
     r"|is not supported in this environment|module '[\w.]+' has no attribute"
@@ -120,7 +121,7 @@ def _runtime_failure(error: MontyRuntimeError, stdout: str) -> dict[str, Any]:
         return scripts.failed("timeout", "run", text, True, stdout)
     if _LIMIT.search(summary) or isinstance(error.exception(), (MemoryError, RecursionError)):
         return scripts.failed("limit", "run", text, True, stdout)
-    if _SANDBOXED.search(summary):
+    if _SANDBOXED.search(summary) and not _GRANTS.search(summary):
         text = f"{text}\n{SANDBOX_HINT}"
     return scripts.failed("runtime", "run", text, True, stdout)
 

@@ -422,7 +422,7 @@ class PartitionEngine:
                 payload.code,
                 payload.executionId,
                 payload.expiresAt,
-                entry.state.config.scriptTimeoutMs,
+                entry.state.config,
             )
             handled.after.append((self.topics.script_runs, event.streamPath.encode(), record))
 

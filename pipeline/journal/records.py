@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from processors.grants import script_grants
 from processors.state import AgentState
 from schemas.capabilities import ScriptRunRecord
+from schemas.config import AgentConfig
 from schemas.requests import CallRequest, CancelRequest, CompactRequest, SettledNotice, Transport
 
 
 def script_run_record(
-    path: str, offset: int, created_at: str, code: str, execution_id: str, expires_at: int, timeout_ms: int
+    path: str, offset: int, created_at: str, code: str, execution_id: str, expires_at: int, config: AgentConfig
 ) -> bytes:
-    """The `script-runs` record of the run requested at `path@offset`: the event's fields and the
-    agent's script timeout."""
+    """The `script-runs` record of the run requested at `path@offset`: the event's fields, and the
+    agent's script timeout and grants from its configuration."""
     record = ScriptRunRecord(
         streamPath=path,
         offset=offset,
@@ -22,7 +24,8 @@ def script_run_record(
         code=code,
         executionId=execution_id,
         expiresAt=expires_at,
-        timeoutMs=timeout_ms,
+        timeoutMs=config.scriptTimeoutMs,
+        grants=script_grants(path, config.grants),
     )
     return record.model_dump_json().encode()
 

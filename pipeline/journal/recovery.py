@@ -38,6 +38,7 @@ from processors import row_codec, rows
 from processors.journal import apply_event, payload_hash
 from processors.state import ScriptRun
 from schemas.capabilities import SCRIPT_RUN_REQUESTED
+from schemas.config import AgentConfig
 from schemas.events import EnvelopeError, InvalidPayloadEvent, decode_event
 from schemas.outcomes import AppendOutcome
 
@@ -212,16 +213,16 @@ class Recovery:
                 found.append((self.engine.topics.llm_requests, key, compact))
         return found
 
-    def unsettled_script_runs(self) -> list[tuple[str, ScriptRun, int]]:
-        """Every execution requested and not settled in this partition, with its agent's script
-        timeout: (stream path, run, timeoutMs). The worker publishes their `script-runs` records
+    def unsettled_script_runs(self) -> list[tuple[str, ScriptRun, AgentConfig]]:
+        """Every execution requested and not settled in this partition, with its agent's
+        configuration: (stream path, run, config). The worker publishes their `script-runs` records
         again after recovery (their code is read back from the journal)."""
-        runs: list[tuple[str, ScriptRun, int]] = []
+        runs: list[tuple[str, ScriptRun, AgentConfig]] = []
         for _, value in self.engine.streams.scan(rows.META + rows.SEP):
             meta = row_codec.decode_meta_row(value)
             if meta.scripts:
                 state = self.engine.streams.get(meta.path).state
-                runs.extend((meta.path, run, state.config.scriptTimeoutMs) for run in state.scripts.values())
+                runs.extend((meta.path, run, state.config) for run in state.scripts.values())
         return runs
 
     async def republish_script_runs(self, events: JournalReader) -> int:
@@ -231,7 +232,7 @@ class Recovery:
         its start journaled and never runs it twice. Returns how many went out."""
         engine = self.engine
         published = 0
-        for path, run, timeout_ms in self.unsettled_script_runs():
+        for path, run, config in self.unsettled_script_runs():
             event = await asyncio.to_thread(events.event, path, run.offset)
             if not engine.active:
                 break  # revoked: the next owner does it
@@ -246,7 +247,7 @@ class Recovery:
                     payload["code"],
                     run.executionId,
                     run.expiresAt,
-                    timeout_ms,
+                    config,
                 )
             except (ValueError, KeyError, TypeError) as error:
                 log.error("%s: run %s cannot be published again: %s", path, run.executionId, error)
