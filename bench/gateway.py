@@ -51,7 +51,7 @@ from confluent_kafka.admin import AdminClient  # noqa: E402
 from pipeline.gateway.kafka import producer_config  # noqa: E402
 from pipeline.gateway.tokens import hash_token, new_token  # noqa: E402
 from pipeline.kafka.read import consume_ready, watermarks  # noqa: E402
-from schemas.events import CONTEXT_ADDED  # noqa: E402
+from schemas.events import AGENT_CREATED, CONTEXT_ADDED  # noqa: E402
 from schemas.routing import AGENT_SUBSCRIBED  # noqa: E402
 from tests.kafka_stack import BIN, BOOTSTRAP, Stack, consumer_config, ensure_broker  # noqa: E402
 
@@ -273,11 +273,14 @@ class Bench:
         events = 3 if self.quick else 10
         agents = [f"/agents/fan-{i:04d}" for i in range(subscribers)]
         auth = {"Authorization": f"Bearer {gateway.platform}"}
+        # Only agents subscribe (behaviour §6.6): each line pair makes the agent, then subscribes it.
         lines = b"\n".join(
-            orjson.dumps(
-                {"streamPath": a, "type": AGENT_SUBSCRIBED, "payload": {"source": SOURCE, "eventTypes": [TICK]}}
-            )
+            orjson.dumps(command)
             for a in agents
+            for command in (
+                {"streamPath": a, "type": AGENT_CREATED, "payload": {}},
+                {"streamPath": a, "type": AGENT_SUBSCRIBED, "payload": {"source": SOURCE, "eventTypes": [TICK]}},
+            )
         )
         async with session.post(
             f"{gateway.url}/v1/streams/-/events:batch?wait=true", data=lines, headers=auth

@@ -114,13 +114,11 @@ def admit(
     path = command.streamPath
     if not in_scope(path, claims.scope):
         return Refused("scope", f"{path} is outside this token's scope {list(claims.scope)}")
-    if command.type == AGENT_SUBSCRIBED:
-        source = command.payload.get("source")
-        if isinstance(source, str) and not in_scope(source, claims.scope):
-            return Refused(
-                "subscribe", f"forbidden: subscribe: {source} is outside this token's scope {list(claims.scope)}"
-            )
     if claims.tier == "platform":
+        source = command.payload.get("source") if command.type == AGENT_SUBSCRIBED else None
+        if isinstance(source, str) and not in_scope(source, claims.scope):
+            # Only platform tokens subscribe (the other tiers are refused agent-only types below).
+            return Refused("subscribe", f"{source} is outside this token's scope {list(claims.scope)}")
         return Admitted(command, internal=worker_only_reason(command.type, command.payload) is not None)
     if is_reserved(command.idempotencyKey):
         return Refused(

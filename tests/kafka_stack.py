@@ -173,6 +173,24 @@ class Stack:
             env[f"AGENTSTREAM_CAPABILITIES_{name.upper()}"] = str(value)
         return env
 
+    def start_router(self) -> subprocess.Popen[bytes]:
+        """The router (`agentstream worker router`) with its own app id, so its tables are this stack's."""
+        router: subprocess.Popen[bytes] | None = getattr(self, "router", None)
+        assert router is None or router.poll() is not None
+        env = {**self.env(), "AGENTSTREAM_ROUTER_APP_ID": self.router_app_id, "AGENTSTREAM_ROUTER_METRICS_PORT": "0"}
+        log = (self.settings.data_dir / "router.log").open("ab")
+        self.router = subprocess.Popen(
+            [str(BIN / "agentstream"), "worker", "router"], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        return self.router
+
+    @property
+    def router_app_id(self) -> str:
+        return f"{self.settings.app_id}-router"
+
+    def stop_router(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        _stop(getattr(self, "router", None), sig, timeout)
+
     def stop_capabilities(self, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
         _stop(getattr(self, "capabilities", None), sig, timeout)
 
@@ -218,10 +236,15 @@ class Stack:
                 client.close()
         self.stop_caller()
         self.stop_capabilities()
+        self.stop_router()
         self.stop_worker()
         admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
         names = [spec.name for spec in self.specs]
         faust_topics = [f"{self.settings.app_id}-rows-changelog", f"{self.settings.app_id}-__assignor-__leader"]
+        if getattr(self, "router", None) is not None:
+            router = self.router_app_id
+            faust_topics += [f"{router}-{name}" for name in ("subscriptions-changelog", "agents-changelog")]
+            faust_topics += [f"{router}-subscriptions-repartition", f"{router}-__assignor-__leader"]
         futures = admin.delete_topics([*names, *faust_topics], operation_timeout=10)
         for future in futures.values():
             with contextlib.suppress(Exception):  # best effort: the changelog may not exist

@@ -13,9 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,68 +37,17 @@ from schemas.events import (
     LLM_REQUEST_SETTLED,
 )
 from tests.kafka_stack import Stack, ensure_broker, wait_until
-from tests.support.scripted_llm import Reply, Response, ScriptedLLM, SlowStream, last_user_text
+from tests.support.scripted_llm import Reply, ScriptedLLM, SlowStream
+from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, received, request_text, script
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 MODEL = "scripted"
 WAIT = 45.0
 API_KEY = "sk-proj-Capabilities0123456789abcdefXYZ"  # must never be visible to a script
-SMALL_USAGE = (20, 5)
 
 
-# --- the scripted model, routed by tag ---------------------------------------------------------------
-
-Entry = Response | Callable[[dict[str, Any]], Response]
-
-
-def request_text(body: Any) -> str:
-    if not isinstance(body, dict):
-        return ""
-    return "\n".join(str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
-
-
-class Router:
-    """The next queued response for the first tag found in the request (an `always` entry answers
-    every request of its tag), else `ok: <last user message>`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._routes: dict[str, deque[Entry]] = {}
-        self._always: dict[str, Entry] = {}
-
-    def on(self, tag: str, *entries: Entry) -> None:
-        with self._lock:
-            self._routes.setdefault(tag, deque()).extend(entries)
-
-    def always(self, tag: str, entry: Entry) -> None:
-        with self._lock:
-            self._always[tag] = entry
-
-    def __call__(self, body: dict[str, Any]) -> Response:
-        text = request_text(body)
-        entry: Entry | None = None
-        with self._lock:
-            for tag, queue in self._routes.items():
-                if tag in text and queue:
-                    entry = queue.popleft()
-                    break
-            else:
-                entry = next((e for tag, e in self._always.items() if tag in text), None)
-        if entry is None:
-            return Reply(f"ok: {last_user_text(body)}", usage=SMALL_USAGE)
-        return entry(body) if callable(entry) else entry
-
-
-ROUTER = Router()
-
-
-def script(code: str, before: str = "Let me check.") -> Reply:
-    return Reply(f"{before}\n```python\n{code}\n```", usage=SMALL_USAGE)
-
-
-def received(llm: ScriptedLLM, tag: str) -> list[Any]:
-    return [r for r in llm.records if tag in request_text(r.body)]
+ROUTER = TaggedReplies()
 
 
 # --- journal helpers ---------------------------------------------------------------------------------

@@ -336,7 +336,7 @@ def test_6_6_a_subscription_source_outside_the_token_scope_is_refused_even_for_p
     assert isinstance(admit(claims, inside), Admitted)
     decision = admit(claims, outside)
     assert isinstance(decision, Refused) and decision.rule == "subscribe"
-    assert decision.detail.startswith("forbidden: subscribe: /agents/bob/a1 is outside")
+    assert decision.detail.startswith("/agents/bob/a1 is outside this token's scope")
 
 
 RESERVED_EXAMPLES = (

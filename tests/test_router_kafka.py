@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.router import decode_routes
-from schemas.events import CONTEXT_ADDED
+from schemas.events import AGENT_CREATED, CONTEXT_ADDED
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED
 from schemas.routing import AGENT_SUBSCRIBED, AGENT_UNSUBSCRIBED
 from tests.gateway_server import PULL_REQUEST_OPENED, GatewayServer, Tokens, github_headers
@@ -47,6 +47,11 @@ class RouterEnv:
         )
         assert reply.status == 200, reply
         return int(reply.json()["offset"])
+
+    def create(self, *agents: str) -> None:
+        """Only agents subscribe (behaviour §6.6): `agent/created` first."""
+        for agent in agents:
+            self.append(agent, AGENT_CREATED, {})
 
     def subscribers(self) -> set[str]:
         """The router table's current subscribers of SOURCE, read from its changelog topic."""
@@ -129,6 +134,7 @@ def test_every_subscribed_agent_gets_one_summary_with_the_ref_and_an_unsubscribe
     first, second, bystander = agents
     env.start_router()
     policy = {"behaviour": "dont-trigger-request"}
+    env.create(first, second)
     for agent in (first, second):
         env.append(
             agent,
@@ -190,6 +196,7 @@ def test_a_router_started_after_the_subscription_and_the_event_still_routes_the_
     """Whichever the router meets first on restart over a backlog, the subscription or the source
     event journaled after it, the subscriber gets the event once."""
     agent = f"/agents/late-{uuid.uuid4().hex[:8]}"
+    env.create(agent)
     env.append(agent, AGENT_SUBSCRIBED, {"source": SOURCE})
     delivery = str(uuid.uuid4())
     env.webhook(delivery, PULL_REQUEST_OPENED)
