@@ -115,10 +115,11 @@ def dlq_reason_label(reason: str) -> str:
     return "invalid_payload"
 
 
-def serve(port: int) -> None:
-    """Serve /metrics on 0.0.0.0:port in a background thread (port 0: no server)."""
+def serve(port: int, host: str) -> None:
+    """Serve /metrics on host:port in a background thread (port 0: no server). `host` is
+    `AGENTSTREAM_METRICS_HOST`: loopback unless set, since the metrics carry no authentication."""
     if port:
-        start_http_server(port)
+        start_http_server(port, addr=host)
 
 
 # --- the capability host (`agentstream worker capabilities`) -----------------------------------

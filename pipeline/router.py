@@ -249,12 +249,11 @@ def build_app(settings: Settings) -> faust.App:
 
 def run(settings: Settings) -> None:
     """Run the router in the foreground until SIGTERM/SIGINT."""
-    from faust.worker import Worker
+    from pipeline.logs import faust_worker, setup_logging
 
-    logging.basicConfig(level=settings.log_level)
+    setup_logging(settings)
     if settings.router_metrics_port:
-        start_http_server(settings.router_metrics_port)
+        start_http_server(settings.router_metrics_port, addr=settings.metrics_host)
     app = build_app(settings)
-    worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
-    worker.spinner = None  # see journal_worker.run: the spinner turns on DEBUG logging everywhere
+    worker = faust_worker(app, settings)
     worker.execute_from_commandline()

@@ -80,6 +80,15 @@ class Settings(BaseModel):
             "other hosts, e.g. in a pod; it serves status only, never table rows).",
         ),
     ] = "127.0.0.1"
+    metrics_host: Annotated[
+        str,
+        Field(
+            min_length=1,
+            description="Address every process's Prometheus /metrics port listens on (the journal worker, the "
+            "LLM caller, the router, the capability host, the gateway's extra metrics port); 0.0.0.0 so that "
+            "Prometheus can scrape it from another host, e.g. a pod's IP.",
+        ),
+    ] = "127.0.0.1"
     metrics_port: Annotated[
         int, Field(ge=0, description="Prometheus /metrics port of the journal worker (0: none).")
     ] = 9464
@@ -117,6 +126,14 @@ class Settings(BaseModel):
     sasl_password: Annotated[str | None, Field(description="Kafka SASL password.")] = None
     ssl_cafile: Annotated[str | None, Field(description="CA bundle for Kafka TLS.")] = None
     log_level: Annotated[str, Field(description="Log level of workers (DEBUG, INFO, WARNING).")] = "INFO"
+    log_repeat_interval_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="While Kafka is unreachable, workers and the gateway log each kind of connection failure "
+            "at most once per this many seconds, the next line saying how many were left out (0: every line).",
+        ),
+    ] = 30.0
     # --- the LLM caller -------------------------------------------------------------------------
     openai_api_key: Annotated[
         str | None,

@@ -324,6 +324,34 @@ def test_settings_render_into_a_configmap_the_app_accepts(
     assert data["AGENTSTREAM_METRICS_PORT"] == "9999"
 
 
+def test_every_pod_serves_metrics_on_its_ip_and_the_host_is_a_value(
+    helm: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """The app listens on loopback unless told otherwise (AGENTSTREAM_METRICS_HOST); in a pod,
+    Prometheus and the kubelet's probes come in on the pod IP, so every pod listens on all addresses."""
+    every_workload = {
+        **EVERYTHING_ON,
+        "gateway": {"enabled": True, "tokensSecret": "zz-gateway-tokens"},
+        "router": {"enabled": True},
+        "capabilities": {"enabled": True},
+    }
+    _, objects = render(helm, tmp_path, every_workload)
+    configmap = one(objects, "ConfigMap")
+    data = configmap["data"]
+    assert Settings.from_env({k: v for k, v in data.items() if k not in PENDING_SETTINGS}).metrics_host == "0.0.0.0"
+    served = [*by_kind(objects, "StatefulSet"), *by_kind(objects, "Deployment")]
+    assert {container(w)["args"][-1] for w in served} == {"journal", "caller", "gateway", "router", "capabilities"}
+    for workload in served:
+        (source,) = container(workload)["envFrom"]
+        assert source["configMapRef"]["name"] == configmap["metadata"]["name"]
+        assert "AGENTSTREAM_METRICS_HOST" not in env_of(workload), workload["metadata"]["name"]
+
+    _, objects = render(helm, tmp_path, {"metrics": {"host": "::"}})
+    assert one(objects, "ConfigMap")["data"]["AGENTSTREAM_METRICS_HOST"] == "::"
+    refused = _template(helm, tmp_path, {"metrics": {"host": ""}})
+    assert refused.returncode != 0 and "metrics.host is required" in refused.stderr
+
+
 def test_llm_model_and_transport_follow_the_app_rules_without_giving_the_journal_the_key(
     helm: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:

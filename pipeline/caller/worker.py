@@ -412,10 +412,12 @@ class LlmCaller:
 def run(settings: Settings, **options: Any) -> None:
     """Run the caller in the foreground until SIGTERM/SIGINT (a second signal stops waiting for
     running calls). Exits with status 70 if appends could not be delivered."""
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline.logs import setup_logging
+
+    setup_logging(settings)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
-    metrics.serve(settings.caller_metrics_port)
+    metrics.serve(settings.caller_metrics_port, settings.metrics_host)
     caller = LlmCaller(settings, **options)
 
     async def main() -> None:

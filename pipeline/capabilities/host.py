@@ -410,9 +410,11 @@ def _now_ms() -> int:
 
 def run(settings: Settings, config: HostConfig | None = None) -> None:
     """Run the host in the foreground until SIGTERM/SIGINT (a second signal abandons running scripts)."""
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from pipeline.logs import setup_logging
+
+    setup_logging(settings)
     config = config or HostConfig.from_env()
-    metrics.serve(config.metrics_port)
+    metrics.serve(config.metrics_port, settings.metrics_host)
     host = CapabilityHost(settings, config)
 
     async def main() -> None:

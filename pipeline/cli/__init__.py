@@ -23,6 +23,7 @@ from pipeline.dev import demo, local_stack
 from pipeline.gateway import cli as gateway_cli
 from pipeline.journal import replay
 from pipeline.settings import Settings, SettingsError
+from pipeline.terminal import escape_controls
 from topics.admin import KafkaSetupError
 
 # The CLI's names of the exit codes (pipeline/exit_codes.py defines every one).
@@ -95,13 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def one_line(error: BaseException | str) -> str:
-    """An error as one line: pydantic's multi-line report (with its URLs) folded into `field: problem; ...`."""
+    """An error as one line: pydantic's multi-line report (with its URLs) folded into `field: problem; ...`.
+
+    Control characters are written visibly: a rejection reason may quote what an append carried.
+    """
     if isinstance(error, ValidationError):
-        return "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc']) or 'input'}: {problem['msg']}"
-            for problem in error.errors(include_url=False)
+        return escape_controls(
+            "; ".join(
+                f"{'.'.join(str(part) for part in problem['loc']) or 'input'}: {problem['msg']}"
+                for problem in error.errors(include_url=False)
+            )
         )
-    return " ".join(str(error).split())
+    return escape_controls(" ".join(str(error).split()))
 
 
 def _fail(error: BaseException | str, code: int, what: str = "") -> int:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from pipeline.client import AppendTimeout, Client
 from pipeline.settings import Settings
+from pipeline.terminal import escape_controls, escape_json_controls
 from processors.reducer import fold, fold_all
 from processors.render import projection_json, render_messages
 from processors.state import AgentState
@@ -32,20 +33,19 @@ def _paint(text: str, kind: str, colour: bool) -> str:
 
 
 def event_line(event: Any, colour: bool = False) -> str:
-    """One readable line per journal event."""
+    """One readable line per journal event, its control characters (newlines too) written visibly."""
     short = event.type.rsplit("/", 1)[-1]
     head = f"@{event.offset} {event.createdAt}"
     if isinstance(event, InvalidPayloadEvent):
-        return _paint(f"{head} {short} (invalid payload, skipped: {event.reason})", "error", colour)
+        return _paint(escape_controls(f"{head} {short} (invalid payload, skipped: {event.reason})"), "error", colour)
     if event.type == CONTEXT_ADDED:
         item = event.payload
         actor = f" [{item.actor.type}]" if item.actor is not None else ""
         key = f" key={item.key}" if item.key else ""
-        content = item.content.replace("\n", "\\n")
-        return _paint(f"{head} {item.role}{actor}{key}: {content}", item.role, colour)
+        return _paint(escape_controls(f"{head} {item.role}{actor}{key}: {item.content}"), item.role, colour)
     payload = event.payload.model_dump(exclude_none=True) if hasattr(event.payload, "model_dump") else event.payload
     kind = "error" if short == "error-occurred" else "turn"
-    return _paint(f"{head} {short} {orjson.dumps(payload).decode()}", kind, colour)
+    return _paint(escape_controls(f"{head} {short} {orjson.dumps(payload).decode()}"), kind, colour)
 
 
 def check_path(path: str) -> str:
@@ -122,7 +122,7 @@ def _tail(args: argparse.Namespace) -> int:
         for event in client.iter_journal(args.path, follow=not args.no_follow):
             if args.json:
                 envelope = event.envelope if isinstance(event, InvalidPayloadEvent) else event
-                print(envelope.model_dump_json(exclude_none=True), flush=True)
+                print(escape_json_controls(envelope.model_dump_json(exclude_none=True)), flush=True)
             else:
                 print(event_line(event, colour), flush=True)
             printed += 1
@@ -136,13 +136,14 @@ def _show(args: argparse.Namespace) -> int:
     with _client() as client:
         state = fold_all(AgentState(), _events_or_fail(client, args.path))
         if args.json:
-            print(orjson.dumps(projection_json(state), option=orjson.OPT_INDENT_2).decode())
+            print(escape_json_controls(orjson.dumps(projection_json(state), option=orjson.OPT_INDENT_2).decode()))
             return 0
         print(f"# {args.path}: status {state.status}, published through @{state.published_through}")
         for run in state.scripts.values():  # a running script: which one, and whether it has started
-            print(f"# script {run.executionId} (@{run.offset}) {'started' if run.started else 'requested'}")
+            started = "started" if run.started else "requested"
+            print(escape_controls(f"# script {run.executionId} (@{run.offset}) {started}"))
         for message in render_messages(state, args.transport or client.settings.transport)[1:]:
-            print(f"[{message['role']}]\n{message['content']}\n")
+            print(escape_controls(f"[{message['role']}]\n{message['content']}\n", keep_newlines=True))
     return 0
 
 
@@ -159,7 +160,7 @@ def _request(args: argparse.Namespace) -> int:
         request = requests[-1]
         transport = args.transport or client.settings.transport
         body = {"model": request.payload.model, "messages": request_messages(events, request, transport)}
-        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+        print(escape_json_controls(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode()))
     return 0
 
 

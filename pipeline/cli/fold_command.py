@@ -9,6 +9,7 @@ from typing import IO, Any
 import orjson
 
 from pipeline import exit_codes
+from pipeline.terminal import escape_controls, escape_json_controls
 from processors.reducer import JournalOrderError, fold
 from processors.render import projection_json, render_messages, turn_json
 from processors.state import AgentState
@@ -51,7 +52,7 @@ def fold_lines(lines: IO[bytes], through: int | None, warn: IO[str]) -> tuple[Ag
         if through is not None and event.offset > through:
             continue
         if isinstance(event, InvalidPayloadEvent):
-            print(f"warning: line {number} (@{event.offset}) skipped: {event.reason}", file=warn)
+            print(escape_controls(f"warning: line {number} (@{event.offset}) skipped: {event.reason}"), file=warn)
         try:
             fold(state, event)
         except JournalOrderError as error:
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             with open(args.file, "rb") as lines:
                 state, last = fold_lines(lines, args.through, sys.stderr)
     except (BadInput, OSError) as error:
-        print(f"agentstream fold: {error}", file=sys.stderr)
+        print(f"agentstream fold: {escape_controls(str(error))}", file=sys.stderr)
         return exit_codes.USAGE
     is_request = (
         last is not None
@@ -94,5 +95,6 @@ def run(args: argparse.Namespace) -> int:
     }
     if state.scripts:  # status "running-script": say which
         output["turn"]["runningScripts"] = running_scripts(state)
-    sys.stdout.buffer.write(orjson.dumps(output, option=orjson.OPT_INDENT_2) + b"\n")
+    text = escape_json_controls(orjson.dumps(output, option=orjson.OPT_INDENT_2).decode())
+    sys.stdout.buffer.write(text.encode() + b"\n")
     return 0

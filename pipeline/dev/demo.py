@@ -18,6 +18,7 @@ from pipeline import exit_codes
 from pipeline.client import Client
 from pipeline.dev import local_stack
 from pipeline.settings import Settings
+from pipeline.terminal import escape_controls
 from processors.reducer import fold_all
 from processors.render import render_messages
 from processors.state import AgentState
@@ -29,13 +30,13 @@ def _say(text: str = "") -> None:
 
 
 def describe(event: Any) -> str:
-    """One readable line per journal event."""
+    """One readable line per journal event (the model's text too: its control characters written visibly)."""
     if event.type == CONTEXT_ADDED:
         item = event.payload
         text = item.content if len(item.content) < 400 else item.content[:400] + "…"
-        return f"@{event.offset} {item.role}: {text}"
+        return escape_controls(f"@{event.offset} {item.role}: {text}")
     payload = event.payload.model_dump(exclude_none=True) if hasattr(event.payload, "model_dump") else event.payload
-    return f"@{event.offset} {event.type.rsplit('/', 1)[-1]} {payload}"
+    return escape_controls(f"@{event.offset} {event.type.rsplit('/', 1)[-1]} {payload}")
 
 
 def converse(client: Client, text: str, timeout: float) -> int:
@@ -59,7 +60,7 @@ def converse(client: Client, text: str, timeout: float) -> int:
                     f"\n--- the request @{event.offset} exactly as the model sees it ({client.settings.transport}) ---"
                 )
                 for message in render_messages(state, client.settings.transport, event.createdAt):
-                    _say(f"[{message['role']}]\n{message['content']}\n")
+                    _say(escape_controls(f"[{message['role']}]\n{message['content']}\n", keep_newlines=True))
                 _say("--- end of request ---\n")
             if event.type == LLM_REQUEST_SETTLED:
                 status = event.payload.result.status

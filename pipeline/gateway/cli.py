@@ -18,8 +18,9 @@ def serve(settings: Settings) -> None:
 
     from pipeline.gateway.app import build_app
     from pipeline.gateway.tokens import TokenBook, TokensFileError
+    from pipeline.logs import setup_logging
 
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings)
     try:
         tokens = TokenBook(settings.gateway_tokens_file)
     except TokensFileError as error:
@@ -31,7 +32,8 @@ def serve(settings: Settings) -> None:
     if settings.gateway_metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.gateway_metrics_port)  # where the other workers serve theirs
+        # where the other workers serve theirs, on the same address
+        start_http_server(settings.gateway_metrics_port, addr=settings.metrics_host)
     config = uvicorn.Config(
         build_app(settings, tokens),
         host=settings.gateway_host,

@@ -357,13 +357,10 @@ def _credentials(settings: Settings) -> Any:
 
 def run(settings: Settings) -> None:
     """Run the worker in the foreground until SIGTERM/SIGINT."""
-    from faust.worker import Worker
+    from pipeline.logs import faust_worker, setup_logging
 
-    logging.basicConfig(level=settings.log_level)
-    metrics.serve(settings.metrics_port)
+    setup_logging(settings)
+    metrics.serve(settings.metrics_port, settings.metrics_host)
     app = build_app(settings)
-    worker = Worker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
-    # Faust's terminal spinner sets the root logger to DEBUG so it can spin on every record: every
-    # debug call of aiokafka and Faust then builds a LogRecord (measured: ~14% of the worker's CPU).
-    worker.spinner = None
+    worker = faust_worker(app, settings)
     worker.execute_from_commandline()

@@ -11,8 +11,10 @@ KAFKA_PORT="${AGENTSTREAM_KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${AGENTSTREAM_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
 KAFKA_HOST=127.0.0.1
 
-KAFKA_HOME="$REPO_ROOT/.local/kafka"
-KAFKA_LIBS="$KAFKA_HOME/libs/$KAFKA_VERSION"
+# AGENTSTREAM_KAFKA_HOME: another state directory (config, data, logs, pid file) for a second,
+# separate broker beside the usual one (with its own AGENTSTREAM_KAFKA_PORT); the jars are shared.
+KAFKA_HOME="${AGENTSTREAM_KAFKA_HOME:-$REPO_ROOT/.local/kafka}"
+KAFKA_LIBS="$REPO_ROOT/.local/kafka/libs/$KAFKA_VERSION"
 KAFKA_CONF="$KAFKA_HOME/config"
 KAFKA_DATA="$KAFKA_HOME/data"
 KAFKA_LOGS="$KAFKA_HOME/logs"

@@ -105,6 +105,7 @@ AGENTSTREAM_CALLER_GROUP: {{ .Values.caller.group | quote }}
 AGENTSTREAM_LOG_LEVEL: {{ .Values.logLevel | quote }}
 AGENTSTREAM_METRICS_PORT: {{ .Values.metrics.port | int | quote }}
 AGENTSTREAM_CALLER_METRICS_PORT: {{ .Values.metrics.port | int | quote }}
+AGENTSTREAM_METRICS_HOST: {{ required "metrics.host is required" .Values.metrics.host | quote }}
 {{- with .Values.llm.baseUrl }}
 AGENTSTREAM_OPENAI_BASE_URL: {{ . | quote }}
 {{- end }}
