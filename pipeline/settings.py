@@ -223,6 +223,72 @@ class Settings(BaseModel):
     gateway_max_queued: Annotated[
         int, Field(ge=1, description="Commands the gateway's producer may hold unacknowledged; beyond: 429.")
     ] = 100_000
+    gateway_header_timeout_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="How long a client may take to send a request's line and headers, counted from the "
+            "connection (or the request's first byte on a kept-alive one); slower: 408 and the connection closed.",
+        ),
+    ] = 10.0
+    gateway_body_timeout_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="How long a client may take to send a request's body, counted from the end of its "
+            "headers; slower: 408 and the connection closed (raise it for large batches over slow links).",
+        ),
+    ] = 30.0
+    gateway_keep_alive_timeout_s: Annotated[
+        int, Field(ge=1, description="How long an idle kept-alive connection to the gateway stays open, seconds.")
+    ] = 5
+    gateway_max_header_bytes: Annotated[
+        int,
+        Field(
+            ge=8192,
+            description="Largest request line plus headers the gateway reads, bytes; larger: 431 and the "
+            "connection closed.",
+        ),
+    ] = 64 * 1024
+    gateway_tokens_file_grace_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="How long the tokens file may be missing or unreadable before every token is revoked "
+            "(a rewrite that replaces the file briefly is not a revocation).",
+        ),
+    ] = 5.0
+    gateway_console_sign_in_rate_per_token: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Console sign-ins one token may make per minute (bursts up to the same number); "
+            "beyond: 429 with Retry-After.",
+        ),
+    ] = 10
+    gateway_console_sign_in_rate_per_address: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Console sign-in attempts, good or bad, one client address may make per minute (bursts "
+            "up to the same number); beyond: 429 with Retry-After.",
+        ),
+    ] = 30
+    gateway_console_sessions_per_token: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Console sessions one token may hold; a sign-in beyond it ends that token's oldest "
+            "session (never another token's).",
+        ),
+    ] = 20
+    gateway_console_live_streams_per_session: Annotated[
+        int,
+        Field(ge=1, description="Live-update streams (server-sent events) one console session may hold open."),
+    ] = 6
+    gateway_console_live_streams: Annotated[
+        int, Field(ge=1, description="Live-update streams the console serves at once, all sessions together.")
+    ] = 1000
     router_app_id: Annotated[
         str, Field(description="Faust application id of the router (consumer group, subscriptions table topics).")
     ] = "agentstream-router"

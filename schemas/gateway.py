@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.context import NonEmpty, Wire
 from schemas.events import IdempotencyKey
@@ -103,8 +103,14 @@ Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 ScopeGlob = Annotated[str, Field(pattern=r"^/\S*$")]
 
 
+# The tokens file holds secrets: its validation errors never print the values they refused.
+SECRET_INPUT = ConfigDict(hide_input_in_errors=True)
+
+
 class TokenEntry(Wire):
     """One bearer token, by the sha256 of its text (the token itself is never stored)."""
+
+    model_config = SECRET_INPUT
 
     sha256: Sha256Hex
     tier: Tier
@@ -127,11 +133,15 @@ class TokenEntry(Wire):
 class WebhookSecrets(Wire):
     """Signing secrets: GitHub per installation, Slack per workspace."""
 
+    model_config = SECRET_INPUT
+
     github: dict[str, NonEmpty] = {}
     slack: dict[str, NonEmpty] = {}
 
 
 class TokensFile(Wire):
+    model_config = SECRET_INPUT
+
     tokens: list[TokenEntry] = []
     webhooks: WebhookSecrets = WebhookSecrets()
 

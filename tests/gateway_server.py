@@ -17,6 +17,7 @@ import uvicorn
 import yaml
 
 from pipeline.gateway.app import build_app
+from pipeline.gateway.server import uvicorn_config
 from pipeline.gateway.tokens import TokenBook, hash_token, new_token
 from pipeline.settings import Settings
 
@@ -44,7 +45,8 @@ class Tokens:
 
 
 class GatewayServer:
-    """`build_app` served by uvicorn (uvloop, httptools) in a thread, on a socket bound to port 0."""
+    """`build_app` served as `agentstream gateway` serves it (uvicorn with uvloop and the guarded
+    httptools protocol) in a thread, on a socket bound to port 0."""
 
     def __init__(self, settings: Settings, tokens_file: Path) -> None:
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -52,9 +54,8 @@ class GatewayServer:
         self.socket.bind(("127.0.0.1", 0))
         self.port = self.socket.getsockname()[1]
         self.settings = settings.model_copy(update={"gateway_port": self.port, "gateway_tokens_file": tokens_file})
-        app = build_app(self.settings, TokenBook(tokens_file))
-        config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
+        app = build_app(self.settings, TokenBook(tokens_file, self.settings.gateway_tokens_file_grace_s))
+        self.server = uvicorn.Server(uvicorn_config(app, self.settings.model_copy(update={"log_level": "WARNING"})))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def __enter__(self) -> GatewayServer:

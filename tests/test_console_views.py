@@ -328,16 +328,18 @@ def test_turn_idle_says_what_starts_the_next_turn() -> None:
 
 
 def test_sessions_are_opaque_expire_and_check_their_csrf_token() -> None:
-    book = SessionBook(ttl_s=10, capacity=2)
+    book = SessionBook(ttl_s=10, per_token=2)
     first = book.open("token-1", now=0)
     session = book.get(first, now=5)
     assert session is not None and session.token == "token-1" and "token-1" not in first
     assert csrf_ok(session, session.csrf) and not csrf_ok(session, "forged") and not csrf_ok(session, None)
     assert book.get(first, now=10) is None  # expired
-    second, third, fourth = (book.open(f"t{i}", now=20) for i in range(3))
-    assert book.get(second, now=21) is None and book.get(fourth, now=21) is not None  # oldest out first
+    other = book.open("other-token", now=20)
+    second, third, fourth = (book.open("t", now=20 + i) for i in range(3))
+    assert book.get(second, now=23) is None and book.get(fourth, now=23) is not None  # the token's oldest out
+    assert book.get(other, now=23) is not None  # another token's session is never evicted
     book.close(fourth)
-    assert book.get(fourth, now=21) is None and book.get(third, now=21) is not None
+    assert book.get(fourth, now=23) is None and book.get(third, now=23) is not None
     assert book.get(None) is None
 
 

@@ -6,5 +6,7 @@
 - `tokens`: the tokens file (hashes, tiers, scopes, webhook secrets) and new tokens;
 - `webhooks`: GitHub and Slack signatures and the integration events they become (pure);
 - `metrics`: Prometheus metrics (routes, statuses, bytes, refusals; never paths or content);
+- `server`: how uvicorn serves it (deadline and size limit for request heads);
+- `guards`: the request-body deadline and quiet handling of clients that go away;
 - `cli`: `agentstream gateway` and `agentstream token create`.
 """

@@ -35,8 +35,9 @@ from pipeline.gateway.commands import (
     prepare_submission,
 )
 from pipeline.gateway.console.routes import build_console
+from pipeline.gateway.guards import BodyDeadline, add_connection_handlers
 from pipeline.gateway.kafka import CommandProducer, KafkaUnavailable, ResultsFollower, Saturated
-from pipeline.gateway.tokens import TokenBook
+from pipeline.gateway.tokens import RELOAD_CHECK_S, TokenBook
 from pipeline.gateway.webhooks import (
     WebhookError,
     github_command,
@@ -242,9 +243,11 @@ def build_app(
         loop = asyncio.get_running_loop()
         gateway.producer.start(loop)
         gateway.results.start(loop)
+        watcher = asyncio.create_task(_watch_tokens_file(tokens))
         try:
             yield
         finally:
+            watcher.cancel()
             await asyncio.to_thread(console.close)
             await asyncio.to_thread(gateway.results.close)
             await asyncio.to_thread(gateway.producer.close)
@@ -257,7 +260,9 @@ def build_app(
     )
     app.state.gateway = gateway
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(BodyDeadline, timeout_s=settings.gateway_body_timeout_s)
     _exception_handlers(app)
+    add_connection_handlers(app)
     console_app, console = build_console(gateway)  # the web console (docs/operations.md, "Web console")
     app.mount("/console", console_app)
 
@@ -384,6 +389,17 @@ def build_app(
         return await _webhook_append(gateway, raw, 200)  # Slack wants a 200
 
     return app
+
+
+async def _watch_tokens_file(tokens: TokenBook) -> None:
+    """Check the tokens file every second even when no request comes, so that a deleted file
+    revokes its tokens on time rather than at the next request."""
+    while True:
+        await asyncio.sleep(RELOAD_CHECK_S)
+        try:
+            await asyncio.to_thread(tokens.refresh)
+        except Exception:  # keep watching: the next check may succeed
+            log.exception("checking the gateway tokens file failed")
 
 
 def _refusal(problem: Problem) -> ApiError:

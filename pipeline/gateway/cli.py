@@ -17,12 +17,13 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from pipeline.gateway.app import build_app
+    from pipeline.gateway.server import uvicorn_config
     from pipeline.gateway.tokens import TokenBook, TokensFileError
     from pipeline.logs import setup_logging
 
     setup_logging(settings)
     try:
-        tokens = TokenBook(settings.gateway_tokens_file)
+        tokens = TokenBook(settings.gateway_tokens_file, settings.gateway_tokens_file_grace_s)
     except TokensFileError as error:
         raise SettingsError(str(error)) from None
     if settings.gateway_tokens_file is None:
@@ -34,17 +35,7 @@ def serve(settings: Settings) -> None:
 
         # where the other workers serve theirs, on the same address
         start_http_server(settings.gateway_metrics_port, addr=settings.metrics_host)
-    config = uvicorn.Config(
-        build_app(settings, tokens),
-        host=settings.gateway_host,
-        port=settings.gateway_port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level.lower(),
-        access_log=False,  # request metrics are on /metrics; access logs would carry stream paths
-        server_header=False,
-    )
-    uvicorn.Server(config).run()
+    uvicorn.Server(uvicorn_config(build_app(settings, tokens), settings)).run()
 
 
 def _gateway(_: argparse.Namespace) -> int:

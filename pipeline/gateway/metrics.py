@@ -15,7 +15,8 @@ LATENCY = Histogram("agentstream_gateway_request_seconds", "HTTP request time, b
 BYTES = Counter("agentstream_gateway_request_bytes_total", "Request body bytes received, by route.", ["route"])
 REFUSALS = Counter(
     "agentstream_gateway_refusals_total",
-    "Refused commands or requests, by rule (append-gate rules, auth, signature, size, saturated, unavailable).",
+    "Refused commands or requests, by rule (append-gate rules, auth, signature, size, saturated, unavailable, "
+    "timeout; console: origin, sign-in-rate, live-streams).",
     ["rule"],
 )
 COMMANDS = Counter("agentstream_gateway_commands_total", "Commands produced to Kafka, by topic kind.", ["topic"])

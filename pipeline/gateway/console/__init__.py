@@ -4,7 +4,8 @@
 - `views`: pure decisions: status rows, journal paging, event lines, the projection as the model
   sees it, the cached prefix of a request, turn explanations;
 - `mirror`: the journal followed and folded in the gateway, pages read back from Kafka by offset;
-- `sessions`: opaque server-side sessions and their CSRF tokens.
+- `sessions`: opaque server-side sessions (capped per token) and their CSRF tokens;
+- `guards`: sign-in rate limits and origin check, live-stream slots (pure).
 
 docs/operations.md, "Web console", describes it for operators.
 """

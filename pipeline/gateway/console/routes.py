@@ -24,7 +24,9 @@ from jinja2 import Environment, FileSystemLoader
 from starlette.staticfiles import StaticFiles
 
 from pipeline.cli.agent_command import request_messages
+from pipeline.gateway import metrics
 from pipeline.gateway.commands import Problem, new_append_id, prepare_submission
+from pipeline.gateway.console.guards import LiveStreamSlots, RateLimiter, foreign_sign_in, retry_after
 from pipeline.gateway.console.mirror import JournalMirror, StreamEntry
 from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, Session, SessionBook, csrf_ok
 from pipeline.gateway.console.views import (
@@ -40,6 +42,8 @@ from pipeline.gateway.console.views import (
     projection_items,
     slice_page,
 )
+from pipeline.gateway.guards import add_connection_handlers
+from pipeline.gateway.tokens import hash_token
 from processors.gate import Claims, in_scope
 from processors.render import as_of_request, render_messages
 from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
@@ -65,7 +69,9 @@ SECURITY_HEADERS = {
     ),
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    # The console's URLs name streams: never sent to other sites. Same-origin requests keep their
+    # Origin (with no-referrer a browser posts `Origin: null`) for the sign-in's origin check.
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
@@ -83,10 +89,11 @@ class Viewer:
 class Refused(Exception):
     """Answered as a page (or JSON for scripts): not signed in, not found, bad form."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status = status
         self.detail = detail
+        self.headers = headers or {}
 
 
 class Console:
@@ -94,7 +101,12 @@ class Console:
         self.gateway = gateway
         self.settings = gateway.settings
         self.mirror = JournalMirror(gateway.settings, gateway.topics.journal)
-        self.sessions = SessionBook()
+        self.sessions = SessionBook(per_token=gateway.settings.gateway_console_sessions_per_token)
+        self.sign_ins_by_token = RateLimiter(gateway.settings.gateway_console_sign_in_rate_per_token)
+        self.sign_ins_by_address = RateLimiter(gateway.settings.gateway_console_sign_in_rate_per_address)
+        self.live_streams = LiveStreamSlots(
+            gateway.settings.gateway_console_live_streams_per_session, gateway.settings.gateway_console_live_streams
+        )
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
         self.templates.filters["q"] = lambda params: urlencode({k: v for k, v in params.items() if v is not None})
 
@@ -178,6 +190,7 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
     console = Console(gateway)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.add_middleware(SecurityHeaders)
+    add_connection_handlers(app)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     def for_script(request: Request) -> bool:
@@ -189,8 +202,10 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
     @app.exception_handler(Refused)
     async def refused(request: Request, error: Refused) -> Response:
         if for_script(request):
-            return JSONResponse({"error": "refused", "detail": error.detail}, error.status)
-        return console.page("error.html", console.viewer(request), error.status, detail=error.detail)
+            return JSONResponse({"error": "refused", "detail": error.detail}, error.status, error.headers)
+        page = console.page("error.html", console.viewer(request), error.status, detail=error.detail)
+        page.headers.update(error.headers)
+        return page
 
     def signed_in(handler: Callable[..., Awaitable[Response]]) -> Callable[..., Awaitable[Response]]:
         """Pages: a visitor without a session goes to the sign-in form."""
@@ -228,12 +243,33 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
     async def login_form(request: Request) -> Response:
         return console.page("login.html", None)
 
+    def too_many_sign_ins(wait_s: float, whose: str) -> Response:
+        metrics.REFUSALS.labels("sign-in-rate").inc()
+        seconds = retry_after(wait_s)
+        page = console.page("login.html", None, 429, error=f"too many sign-ins {whose}; try again in {seconds} s")
+        page.headers["retry-after"] = seconds
+        return page
+
     @app.post("/login")
     async def login(request: Request) -> Response:
+        headers = request.headers
+        foreign = foreign_sign_in(headers.get("origin"), headers.get("referer"), headers.get("host"))
+        if foreign is not None:  # login CSRF: another site signing the browser in with its own token
+            metrics.REFUSALS.labels("origin").inc()
+            return console.page("login.html", None, 403, error=foreign)
+        # Every attempt counts against its address, good token or not: guessing stays slow.
+        address = request.client.host if request.client else "unknown"
+        wait_s = console.sign_ins_by_address.take(address)
+        if wait_s:
+            return too_many_sign_ins(wait_s, "from this address")
         form = await read_form(request, 16 * 1024)
         token = form.get("token", "").strip()
         if not token or gateway.tokens.claims(token) is None:
             return console.page("login.html", None, 401, error="unknown or revoked token")
+        # Only real tokens get a bucket: the tokens file bounds how many there are.
+        wait_s = console.sign_ins_by_token.take(hash_token(token))
+        if wait_s:
+            return too_many_sign_ins(wait_s, "with this token")
         response = RedirectResponse("/console/agents", 303)
         response.set_cookie(
             COOKIE,
@@ -424,28 +460,33 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
         if path is not None:
             console.entry_or_refuse(viewer, path)
         wants = (lambda changed: changed == path) if path is not None else viewer.sees
+        refusal = console.live_streams.take(viewer.session_id)
+        if refusal is not None:
+            metrics.REFUSALS.labels("live-streams").inc()
+            raise Refused(429, refusal, {"Retry-After": str(int(LIVE_STREAM_S / 2))})
         subscriber = console.mirror.subscribe(wants)
 
         async def stream() -> AsyncIterator[bytes]:
-            try:
-                yield b"retry: 1000\n\nevent: change\ndata: {}\n\n"  # (re)connected: catch up on anything missed
-                deadline = time.monotonic() + LIVE_STREAM_S
-                while time.monotonic() < deadline:
-                    try:
-                        await asyncio.wait_for(subscriber.wake.wait(), KEEPALIVE_S)
-                    except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
-                    await asyncio.sleep(COALESCE_S)  # one refresh for a burst of events
-                    subscriber.wake.clear()
-                    if console.viewer(request) is None:
-                        yield b"event: signed-out\ndata: {}\n\n"
-                        return
-                    yield b"event: change\ndata: {}\n\n"
-            finally:
-                console.mirror.unsubscribe(subscriber)
+            yield b"retry: 1000\n\nevent: change\ndata: {}\n\n"  # (re)connected: catch up on anything missed
+            deadline = time.monotonic() + LIVE_STREAM_S
+            while time.monotonic() < deadline:
+                try:
+                    await asyncio.wait_for(subscriber.wake.wait(), KEEPALIVE_S)
+                except TimeoutError:
+                    yield b": keep-alive\n\n"
+                    continue
+                await asyncio.sleep(COALESCE_S)  # one refresh for a burst of events
+                subscriber.wake.clear()
+                if console.viewer(request) is None:
+                    yield b"event: signed-out\ndata: {}\n\n"
+                    return
+                yield b"event: change\ndata: {}\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+        def ended() -> None:
+            console.mirror.unsubscribe(subscriber)
+            console.live_streams.give_back(viewer.session_id)
+
+        return LiveStream(stream(), on_end=ended, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 
     # --- talking ---------------------------------------------------------------------------------
 
@@ -514,6 +555,22 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class LiveStream(StreamingResponse):
+    """An event stream that gives back what it holds (its mirror subscription, its slot) however it
+    ends: finished, cancelled by the client's disconnect, or never started at all (the generator's
+    own `finally` would not run if it never started)."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_end: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_end = on_end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_end()
 
 
 class SecurityHeaders:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 COOKIE = "agentstream_console"
 SESSION_TTL_S = 12 * 3600
-MAX_SESSIONS = 10_000
+SESSIONS_PER_TOKEN = 20  # the default of AGENTSTREAM_GATEWAY_CONSOLE_SESSIONS_PER_TOKEN
+SWEEP_EVERY_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,17 @@ class Session:
 
 
 class SessionBook:
-    def __init__(self, ttl_s: float = SESSION_TTL_S, capacity: int = MAX_SESSIONS) -> None:
+    """Sessions by id, capped per token: a sign-in beyond a token's cap ends that token's oldest
+    session, never another token's (one token signing in over and over cannot sign anyone else
+    out). Tokens come from the tokens file, so the book holds at most tokens x cap sessions;
+    expired ones are swept once a minute."""
+
+    def __init__(self, ttl_s: float = SESSION_TTL_S, per_token: int = SESSIONS_PER_TOKEN) -> None:
         self._ttl_s = ttl_s
-        self._capacity = capacity
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._per_token = per_token
+        self._sessions: dict[str, Session] = {}
+        self._by_token: dict[str, OrderedDict[str, None]] = {}  # token -> its session ids, oldest first
+        self._swept_at = 0.0
         self._lock = threading.Lock()
 
     def open(self, token: str, now: float | None = None) -> str:
@@ -41,9 +49,13 @@ class SessionBook:
         now = time.time() if now is None else now
         session_id = secrets.token_urlsafe(32)
         with self._lock:
+            if now - self._swept_at >= SWEEP_EVERY_S:
+                self._sweep(now)
+            ids = self._by_token.setdefault(token, OrderedDict())
+            while len(ids) >= self._per_token:
+                self._drop(next(iter(ids)))  # this token's oldest sign-in goes first
             self._sessions[session_id] = Session(token, secrets.token_urlsafe(24), now + self._ttl_s)
-            while len(self._sessions) > self._capacity:
-                self._sessions.popitem(last=False)  # the oldest sign-in goes first
+            self._by_token[token][session_id] = None
         return session_id
 
     def get(self, session_id: str | None, now: float | None = None) -> Session | None:
@@ -53,14 +65,32 @@ class SessionBook:
         with self._lock:
             session = self._sessions.get(session_id)
             if session is not None and session.expires_at <= now:
-                del self._sessions[session_id]
+                self._drop(session_id)
                 return None
             return session
 
     def close(self, session_id: str | None) -> None:
         if session_id:
             with self._lock:
-                self._sessions.pop(session_id, None)
+                self._drop(session_id)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _drop(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        ids = self._by_token.get(session.token)
+        if ids is not None:
+            ids.pop(session_id, None)
+            if not ids:
+                del self._by_token[session.token]
+
+    def _sweep(self, now: float) -> None:
+        self._swept_at = now
+        for session_id in [sid for sid, session in self._sessions.items() if session.expires_at <= now]:
+            self._drop(session_id)
 
 
 def csrf_ok(session: Session, sent: str | None) -> bool:

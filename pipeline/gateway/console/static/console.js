@@ -5,6 +5,7 @@
 
 (function () {
   const FETCH_HEADERS = { "X-Console-Fetch": "1" };
+  const RETRY_REFUSED_MS = 30000;
   let running = null;
   let again = false;
 
@@ -49,6 +50,11 @@
     source.addEventListener("signed-out", () => {
       source.close();
       window.location.assign("/console/login");
+    });
+    // A refused stream (429: too many open, e.g. many tabs) is not retried by the browser: try
+    // again later ourselves, when a slot may be free.
+    source.addEventListener("error", () => {
+      if (source.readyState === EventSource.CLOSED) setTimeout(follow, RETRY_REFUSED_MS);
     });
   }
 
