@@ -416,7 +416,10 @@ def _bad_signature(detail: str) -> ApiError:
 
 
 async def _webhook_append(gateway: Gateway, raw: dict[str, Any], status: int) -> Response:
-    claims = Claims(tier="integration", scope=(raw["streamPath"],))
+    # The gateway itself built this command after checking the signature, and its idempotency key
+    # (`github/delivery/…`, `slack/event/…`) is one the system mints: it speaks as the platform,
+    # confined to the one integration stream.
+    claims = Claims(tier="platform", scope=(raw["streamPath"],), name="webhook")
     ready = prepare_command(claims, raw, new_append_id(), gateway.topics, gateway.limits)
     if isinstance(ready, Problem):
         raise _refusal(ready)
