@@ -41,8 +41,7 @@ from aiokafka.structs import TopicPartition
 from faust.exceptions import Skip
 from prometheus_client import Counter, Histogram, start_http_server
 
-from pipeline.journal.worker import RAW, _credentials
-from pipeline.kafka.faust_committed import broker_url
+from pipeline.kafka.faust_committed import RAW, broker_url, faust_credentials
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import Settings
@@ -105,7 +104,7 @@ def build_app(settings: Settings) -> faust.App:
         # Journal records of aborted transactions (a fenced writer's) must never be routed: Faust's
         # consumer reads committed records only (docs/architecture.md, "Fencing").
         broker=broker_url(settings.bootstrap_servers),
-        broker_credentials=_credentials(settings),
+        broker_credentials=faust_credentials(settings),
         store="memory://",  # small state, restored from its changelog on start
         datadir=str(datadir),
         topic_partitions=partitions,

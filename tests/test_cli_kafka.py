@@ -146,7 +146,7 @@ def test_replay_out_refuses_a_foreign_or_live_directory(stack: Stack, tmp_path: 
 
 def test_replay_verify_reports_every_row_no_stream_owns(stack: Stack, tmp_path: Path) -> None:
     """Finding: `replay --verify` must compare every row of both stores, not only the streams it knows."""
-    from pipeline.journal.replay import live_store_paths, open_rows
+    from pipeline.journal.replay_store import live_store_paths, open_rows
     from pipeline.kafka.partitioner import partition_for
     from processors import rows
 

@@ -17,7 +17,9 @@ import pytest
 from confluent_kafka import Producer
 from rocksdict import AccessType, Options, Rdict
 
-from pipeline.journal.replay import live_store_paths, replay, verify
+from pipeline.journal.replay import replay
+from pipeline.journal.replay_store import live_store_paths
+from pipeline.journal.replay_verify import verify
 from pipeline.journal.worker import ROWS_TABLE
 from processors import rows
 from schemas.events import CONTEXT_ADDED

@@ -34,7 +34,9 @@ import orjson
 import pytest
 
 from pipeline.journal.engine import H_APPEND_ID
-from pipeline.journal.replay import live_store_paths, replay, verify
+from pipeline.journal.replay import replay
+from pipeline.journal.replay_store import live_store_paths
+from pipeline.journal.replay_verify import verify
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import Stack, Worker, ensure_broker, read_committed, wait_until

@@ -39,7 +39,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.journal.engine import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
-from pipeline.journal.replay import RdictRows, live_store_paths, open_rows, replay, verify
+from pipeline.journal.replay import replay
+from pipeline.journal.replay_store import RdictRows, live_store_paths, open_rows
+from pipeline.journal.replay_verify import verify
 from pipeline.kafka.partitioner import partition_for
 from pipeline.metrics import dlq_reason_label
 from processors import row_codec, rows

@@ -164,7 +164,7 @@ def test_finding_8_an_actor_path_with_a_newline_cannot_forge_a_header_line(stack
 
 def rewind_command_positions(stack: Stack) -> None:
     """Make the stopped worker read every command again: its rows record where reading resumes."""
-    from pipeline.journal.replay import live_store_paths, open_rows
+    from pipeline.journal.replay_store import live_store_paths, open_rows
 
     for partition, path in live_store_paths(stack.settings).items():
         db = open_rows(path)

@@ -276,10 +276,18 @@ def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_
 
 
 class Exploding(PartitionEngine):
-    def _after_fold(self, entry: Any, event: Any, handled: Any) -> None:
-        if getattr(event.payload, "content", "") == "boom":
-            raise RuntimeError("boom")
-        super()._after_fold(entry, event, handled)
+    """Fails on the follow-ups of a "boom" item: after the fold has changed the stream's state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        follow_ups = self.follow_ups.after
+
+        def after(entry: Any, event: Any) -> Any:
+            if getattr(event.payload, "content", "") == "boom":
+                raise RuntimeError("boom")
+            return follow_ups(entry, event)
+
+        self.follow_ups.after = after  # type: ignore[method-assign]
 
 
 def test_nothing_a_command_holds_stops_the_partition() -> None:
@@ -457,7 +465,7 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
 
     async def scenario() -> None:
         h = Harness()
-        h.engine.render_budget = settings.render_budget_for
+        h.engine.follow_ups.render_budget = settings.render_budget_for
         system = {"role": "system", "content": "be brief", "key": "agent/system-prompt"}
         await h.handle(h.command({"type": CONTEXT_ADDED, "payload": system}), h.command(user("x" * 50_000)))
         request = {"type": LLM_REQUEST_REQUESTED, "payload": {"model": "small", "expiresAt": 2**40}}

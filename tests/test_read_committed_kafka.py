@@ -30,7 +30,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pipeline.caller.worker import LlmCaller
 from pipeline.capabilities.journal import JournalReader
 from pipeline.gateway.console.mirror import JournalMirror
-from pipeline.journal.replay import PartitionTask, _open_output, replay, replay_partition
+from pipeline.journal.replay import PartitionTask, replay, replay_partition
+from pipeline.journal.replay_store import open_output
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges, read_ranges_async, watermarks
 from tests.journal import Journal
@@ -170,7 +171,7 @@ def test_5_2_replay_folds_committed_events_and_counts_records_read(
     topic = stack.client.topics.journal
     partition = partition_for(PATH, PARTITIONS)
     consumer = Consumer(consumer_config("test-read-committed"))
-    db = _open_output(tmp_path / "rows.db")
+    db = open_output(tmp_path / "rows.db")
     try:
         task = PartitionTask(partition, *watermarks(consumer, TopicPartition(topic, partition)))
         consumed: list[int] = []

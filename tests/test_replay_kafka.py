@@ -23,16 +23,9 @@ from rocksdict import Options, Rdict
 
 import pipeline.journal.replay
 from pipeline.client import Receipt
-from pipeline.journal.replay import (
-    MARKER,
-    PartitionTask,
-    _Helpers,
-    live_store_paths,
-    open_rows,
-    prepare_out_dir,
-    replay,
-    verify,
-)
+from pipeline.journal.replay import PartitionTask, _Helpers, replay
+from pipeline.journal.replay_store import MARKER, live_store_paths, open_rows, prepare_out_dir
+from pipeline.journal.replay_verify import verify
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import watermarks
 from processors import row_codec, rows
@@ -213,7 +206,7 @@ def test_interrupted_replay_is_rebuilt_from_scratch(
     stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
-    write = pipeline.journal.replay._write
+    write = pipeline.journal.replay_store.write_rows
     calls = 0
 
     def interrupt_second_batch(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
@@ -223,7 +216,7 @@ def test_interrupted_replay_is_rebuilt_from_scratch(
             raise KeyboardInterrupt  # Ctrl-C halfway through
         write(db, staged)
 
-    monkeypatch.setattr(pipeline.journal.replay, "_write", interrupt_second_batch)
+    monkeypatch.setattr(pipeline.journal.replay, "write_rows", interrupt_second_batch)
     with pytest.raises(KeyboardInterrupt):
         replay(stack.settings, out, progress=False)
     monkeypatch.undo()

@@ -25,7 +25,9 @@ import orjson
 import pytest
 
 from pipeline.client import Receipt
-from pipeline.journal.replay import live_store_paths, replay, verify
+from pipeline.journal.replay import replay
+from pipeline.journal.replay_store import live_store_paths
+from pipeline.journal.replay_verify import verify
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import Stack, Worker, ensure_broker, wait_until
 

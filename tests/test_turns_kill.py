@@ -31,7 +31,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.journal.replay import live_store_paths, replay, verify
+from pipeline.journal.replay import replay
+from pipeline.journal.replay_store import live_store_paths
+from pipeline.journal.replay_verify import verify
 from tests.kafka_stack import Stack, ensure_broker, wait_until
 from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_text
 from tests.support.turns import audit_turns, journals, unanswered, user

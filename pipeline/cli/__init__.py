@@ -17,11 +17,10 @@ from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
 from pipeline import exit_codes
-from pipeline.cli import agent_command, fold_command
+from pipeline.cli import agent_command, fold_command, replay_command
 from pipeline.client import AppendError, AppendRejected
 from pipeline.dev import demo, local_stack
 from pipeline.gateway import cli as gateway_cli
-from pipeline.journal import replay
 from pipeline.settings import Settings, SettingsError
 from pipeline.terminal import escape_controls
 from topics.admin import KafkaSetupError
@@ -72,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fold_command.register(commands)
-    replay.register(commands)
+    replay_command.register(commands)
     demo.register(commands)
     local_stack.register(commands)
     agent_command.register(commands)

@@ -41,30 +41,27 @@ import orjson
 from pydantic import ValidationError
 
 from pipeline import metrics
-from pipeline.journal import heap, records
+from pipeline.journal import heap
 from pipeline.journal.checkpoint import Committer, RowStore, TransactionalProducer
-from pipeline.journal.streams import StreamEntry, StreamRepository
+from pipeline.journal.follow_ups import FollowUps
+from pipeline.journal.streams import StreamRepository
 from pipeline.kafka.partitioner import partition_for
 from processors import dedupe, row_codec, rows
 from processors.journal import Duplicate, Journaled, Rejected, journal_command
-from processors.render import DEFAULT_BUDGET, RenderBudget, as_of_request, render_messages
+from processors.render import DEFAULT_BUDGET, RenderBudget
 from processors.scheduler import decide, stale_expiry
-from processors.scripts import script_follow_ups
 from processors.state import AgentState
-from schemas.capabilities import SCRIPT_RUN_REQUESTED
 from schemas.events import (
     CONTEXT_ADDED,
-    LLM_REQUEST_REQUESTED,
     LLM_REQUEST_SETTLED,
     TOKEN_USAGE_REPORTED,
     AppendCommand,
-    InvalidPayloadEvent,
     describe_validation_error,
     worker_only_reason,
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.outcomes import AppendOutcome, AppendStatus
-from schemas.requests import CompactRequest, SettledNotice, Transport
+from schemas.requests import Transport
 
 log = logging.getLogger("agentstream.journal")
 
@@ -142,7 +139,7 @@ class PartitionEngine:
         self.partitions = partitions
         self.default_model = default_model
         self.transport = transport
-        self.render_budget = render_budget  # per model: items are cut to fit its context window
+        self.follow_ups = FollowUps(topics, transport, render_budget)
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
         self.on_wake: Callable[[int], None] | None = None  # told of every wakeup pushed (the worker's timer)
         self.max_pending = max_pending  # commands staged at most while a checkpoint commits
@@ -266,8 +263,9 @@ class PartitionEngine:
                 headers.append((H_APPEND_ID, append.appendId.encode()))
             handled = HandledCommand(command, outcome.rows)
             self._result(handled, append, "journaled", outcome.event.offset)
-            self._after_fold(entry, outcome.event, handled)
-            self._script_follow_ups(entry, outcome.event, handled)
+            entry.sent.pop(outcome.event.idempotencyKey or "", None)  # a scheduler decision arrived
+            handled.after.extend(self.follow_ups.after(entry, outcome.event))
+            self.wake(append.streamPath, 0)
             handled.journal = (outcome.record, headers)
             return handled
         if isinstance(outcome, Duplicate):
@@ -311,20 +309,6 @@ class PartitionEngine:
         found = self.streams.read(rows.append_id_key(append.streamPath, append.appendId))
         if found is not None:
             self._result(handled, append, "journaled", row_codec.decode_offset(found))
-
-    def request_messages(self, entry: StreamEntry, request_offset: int, model: str) -> list[dict[str, Any]] | None:
-        """The messages request R was sent with: from memory, else rendered again exactly as R saw
-        them (`as_of_request`). None when a compaction since R makes that impossible."""
-        if entry.last_request is not None and entry.last_request[0] == request_offset:
-            return entry.last_request[1]
-        state = entry.state
-        created_at = records.request_created_at(state, request_offset)
-        view = as_of_request(state, request_offset)
-        if view is None or created_at is None:
-            return None
-        messages = render_messages(view, self.transport, created_at, self.render_budget(model))
-        entry.last_request = (request_offset, messages)
-        return messages
 
     def _carry_out(self, decision: HandledCommand) -> None:
         """Stage one decision in the open checkpoint: its record, its rows, what follows it."""
@@ -378,91 +362,6 @@ class PartitionEngine:
             handled.after.append((self.topics.results, append.streamPath.encode(), outcome))
 
     # --- scheduling ------------------------------------------------------------------------
-
-    def _after_fold(self, entry: StreamEntry, event: Any, handled: HandledCommand) -> None:
-        """What a journaled event sets in motion: a request body, a cancel, a compaction, a wakeup."""
-        state = entry.state
-        path = event.streamPath
-        entry.sent.pop(event.idempotencyKey or "", None)
-        open_request = state.open
-        if event.type == LLM_REQUEST_REQUESTED and open_request is not None and open_request.offset == event.offset:
-            # The record must fit llm-requests whatever the projection holds: render within budget.
-            with metrics.RENDER_SECONDS.time():
-                messages = render_messages(
-                    state, self.transport, event.createdAt, self.render_budget(open_request.model)
-                )
-            entry.last_request = (event.offset, messages)
-            handled.after.append(
-                (self.topics.llm_requests, path.encode(), records.call_record(state, messages, self.transport))
-            )
-        elif open_request is not None and open_request.interruptedBy == event.offset:
-            handled.after.append(
-                (self.topics.llm_requests, path.encode(), records.cancel_record(path, open_request.offset))
-            )
-        elif event.type == LLM_REQUEST_SETTLED and not isinstance(event, InvalidPayloadEvent):
-            notice = SettledNotice(kind="settled", streamPath=path, requestOffset=event.payload.requestOffset)
-            handled.after.append((self.topics.llm_requests, path.encode(), records.record_bytes(notice)))
-        elif event.type == TOKEN_USAGE_REPORTED:
-            compact = self.compaction_record(entry, event.offset)
-            if compact is not None:
-                handled.after.append((self.topics.llm_requests, path.encode(), compact))
-        self.wake(path, 0)
-
-    def _script_follow_ups(self, entry: StreamEntry, event: Any, handled: HandledCommand) -> None:
-        """Agents run code: the run request, feedback or script result the event calls for (commands
-        to the internal topic), and each journaled run request for the capability host (script-runs).
-        All are published once the journal acknowledges the event."""
-        handled.after.extend(self.script_commands(entry.state, event))
-        if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
-            payload = event.payload
-            record = records.script_run_record(
-                event.streamPath,
-                event.offset,
-                event.createdAt,
-                payload.code,
-                payload.executionId,
-                payload.expiresAt,
-                entry.state.config,
-            )
-            handled.after.append((self.topics.script_runs, event.streamPath.encode(), record))
-
-    def script_commands(self, state: AgentState, event: Any) -> list[tuple[str, bytes, bytes]]:
-        """The commands agent-run code calls for after `event` (`state`: folded through it)."""
-        path = event.streamPath
-        key = path.encode()
-        return [
-            (self.topics.internal_appends, key, orjson.dumps(append.command(path)))
-            for append in script_follow_ups(state, event)
-        ]
-
-    def compaction_record(self, entry: StreamEntry, report_offset: int) -> bytes | None:
-        """§4.5: summarize request R when its usage crossed the threshold (newest report only)."""
-        report = entry.state.over_threshold
-        if report is None or report.offset != report_offset or len(entry.state.history) == 0:
-            return None
-        messages = self.request_messages(entry, report.llmRequestOffset, report.model)
-        if messages is None:
-            log.warning(
-                "%s: usage of @%d crossed the compaction threshold but the request cannot be rendered again "
-                "(compacted since); compaction waits for the next report",
-                entry.state.stream_path,
-                report.llmRequestOffset,
-            )
-            return None
-        record = CompactRequest.model_validate(
-            {
-                "kind": "compact",
-                "streamPath": entry.state.stream_path,
-                "requestOffset": report.llmRequestOffset,
-                "reportOffset": report.offset,
-                "model": report.model,
-                "transport": self.transport,
-                "tokens": report.tokens,
-                "threshold": report.threshold,
-                "messages": messages,
-            }
-        )
-        return records.record_bytes(record)
 
     def wake(self, path: str, at_ms: int) -> None:
         heapq.heappush(self.wakeups, (at_ms, path))

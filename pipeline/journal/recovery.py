@@ -145,7 +145,7 @@ class Recovery:
                     outcomes.append((self.engine.topics.results, event.streamPath.encode(), outcome))
                 # Folded in journal order, the state is exactly the one the live path decided with,
                 # so these are the commands it produced (or never got to): repeats are duplicates.
-                outcomes.extend(self.engine.script_commands(entry.state, event))
+                outcomes.extend(self.engine.follow_ups.script_commands(entry.state, event))
             refolded += 1
         if position is not None:
             self.engine.checkpoints.journal_position = max(self.engine.checkpoints.journal_position, position)
@@ -192,7 +192,7 @@ class Recovery:
         found: list[tuple[str, bytes, bytes]] = []
         request = state.open
         if request is not None:
-            messages = self.engine.request_messages(entry, request.offset, request.model)
+            messages = self.engine.follow_ups.request_messages(entry, request.offset, request.model)
             if messages is None:
                 log.warning(
                     "%s: the call record of @%d cannot be rendered again (history compacted since, or state "
@@ -203,12 +203,16 @@ class Recovery:
                 )
             else:
                 found.append(
-                    (self.engine.topics.llm_requests, key, records.call_record(state, messages, self.engine.transport))
+                    (
+                        self.engine.topics.llm_requests,
+                        key,
+                        records.call_record(state, messages, self.engine.follow_ups.transport),
+                    )
                 )
             if request.interruptedBy is not None:
                 found.append((self.engine.topics.llm_requests, key, records.cancel_record(path, request.offset)))
         if state.over_threshold is not None:
-            compact = self.engine.compaction_record(entry, state.over_threshold.offset)
+            compact = self.engine.follow_ups.compaction_record(entry, state.over_threshold.offset)
             if compact is not None:
                 found.append((self.engine.topics.llm_requests, key, compact))
         return found

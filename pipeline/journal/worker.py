@@ -37,7 +37,7 @@ from pipeline.journal.command_reader import CommandReader
 from pipeline.journal.due_timer import DueTimer
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
-from pipeline.kafka.faust_committed import CommittedTableManager, broker_url
+from pipeline.kafka.faust_committed import RAW, CommittedTableManager, broker_url, faust_credentials
 from pipeline.kafka.producer import PartitionProducer
 from pipeline.settings import Settings
 from processors.row_codec import RowFormatError
@@ -45,7 +45,6 @@ from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
 log = logging.getLogger("agentstream.journal")
 
-RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 ROWS_TABLE = "rows"
 
 
@@ -100,7 +99,7 @@ def build_app(settings: Settings) -> faust.App:
         # last committed changelog record (`pipeline.kafka.faust_committed`).
         broker=broker_url(settings.bootstrap_servers),
         TableManager=CommittedTableManager,
-        broker_credentials=_credentials(settings),
+        broker_credentials=faust_credentials(settings),
         store="rocksdb://",
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
@@ -333,26 +332,6 @@ def build_app(settings: Settings) -> faust.App:
 
     app.agentstream_engines = engines  # type: ignore[attr-defined]
     return app
-
-
-def _credentials(settings: Settings) -> Any:
-    if settings.sasl_mechanism and settings.sasl_username:
-        ssl_context = None
-        if settings.security_protocol.endswith("SSL"):
-            import ssl
-
-            ssl_context = ssl.create_default_context(cafile=settings.ssl_cafile)
-        return faust.SASLCredentials(
-            username=settings.sasl_username,
-            password=settings.sasl_password or "",
-            mechanism=settings.sasl_mechanism,
-            ssl_context=ssl_context,
-        )
-    if settings.security_protocol == "SSL":
-        import ssl
-
-        return faust.SSLCredentials(ssl.create_default_context(cafile=settings.ssl_cafile))
-    return None
 
 
 def run(settings: Settings) -> None:

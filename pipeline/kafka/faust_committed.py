@@ -6,7 +6,7 @@ worker's table restore reads the rows changelog, and the router reads `agent-jou
 
 faust-streaming 0.15.3 reads `read_uncommitted` unless the whole app runs with
 `processing_guarantee="exactly_once"`, which would also make Faust's own producer transactional
-(DESIGN: open bugs there). So these apps keep Faust's default guarantee and use:
+(with known bugs, docs/architecture.md "Fencing"). So these apps keep Faust's default guarantee and use:
 
 - `CommittedTransport` (URL scheme `kafka-committed://`): Faust's aiokafka transport whose worker
   consumer reads `read_committed`;
@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import faust
 from confluent_kafka import Consumer, TopicPartition
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
@@ -30,9 +31,12 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from pipeline.kafka.read import read_ranges
+from pipeline.settings import Settings
 from topics.admin import quiet_librdkafka
 
 SCHEME = "kafka-committed"
+# Topic options of a Faust app that moves raw bytes (keys are stream paths, values JSON it decodes).
+RAW = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
 
 
 class _CommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -119,3 +123,24 @@ class CommittedTableManager(TableManager):
         if self._recovery is None:
             self._recovery = _CommittedRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
         return self._recovery
+
+
+def faust_credentials(settings: Settings) -> Any:
+    """SASL or TLS credentials of a Faust app from the shared settings (None: plaintext)."""
+    if settings.sasl_mechanism and settings.sasl_username:
+        ssl_context = None
+        if settings.security_protocol.endswith("SSL"):
+            import ssl
+
+            ssl_context = ssl.create_default_context(cafile=settings.ssl_cafile)
+        return faust.SASLCredentials(
+            username=settings.sasl_username,
+            password=settings.sasl_password or "",
+            mechanism=settings.sasl_mechanism,
+            ssl_context=ssl_context,
+        )
+    if settings.security_protocol == "SSL":
+        import ssl
+
+        return faust.SSLCredentials(ssl.create_default_context(cafile=settings.ssl_cafile))
+    return None

@@ -1,4 +1,4 @@
-"""An at-least-once client (CONTRACT §5.2): every append is sent once, then sent again, the same
+"""An at-least-once client (behaviour §5.2): every append is sent once, then sent again, the same
 command with the same append id, until the journal answers it.
 
 The client API sends each append once and hands back a receipt; a producer that wants an outcome

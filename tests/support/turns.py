@@ -1,4 +1,4 @@
-"""Audits of agents' turns on the committed journal (behaviour §4.3, CONTRACT §5.2): every request
+"""Audits of agents' turns on the committed journal (behaviour §4.3, behaviour §5.2): every request
 settles once, no answer is journaled twice, no agent is left busy."""
 
 from __future__ import annotations
