@@ -105,12 +105,12 @@ class Refused:
     detail: str
 
 
-Decision = Admitted | Refused
+GateDecision = Admitted | Refused
 
 
 def admit(
     claims: Claims, command: AppendCommand, *, max_user_file_bytes: int = DEFAULT_MAX_USER_FILE_BYTES
-) -> Decision:
+) -> GateDecision:
     path = command.streamPath
     if not in_scope(path, claims.scope):
         return Refused("scope", f"{path} is outside this token's scope {list(claims.scope)}")
@@ -142,7 +142,7 @@ def admit(
 # --- tiers -------------------------------------------------------------------------------------
 
 
-def _user(claims: Claims, command: AppendCommand, max_file_bytes: int) -> Decision:
+def _user(claims: Claims, command: AppendCommand, max_file_bytes: int) -> GateDecision:
     if not command.streamPath.startswith(AGENT_STREAMS):
         return Refused("user-agent-streams-only", f"a user token appends only to agent streams ({AGENT_STREAMS}…)")
     if command.type not in USER_TYPES:
@@ -172,7 +172,7 @@ def _user(claims: Claims, command: AppendCommand, max_file_bytes: int) -> Decisi
     return Admitted(_with_actor(command, actor), internal=False)
 
 
-def _integration(claims: Claims, command: AppendCommand, _max_file_bytes: int) -> Decision:
+def _integration(claims: Claims, command: AppendCommand, _max_file_bytes: int) -> GateDecision:
     path = command.streamPath
     if path.startswith(INTEGRATION_STREAMS):
         return Admitted(command, internal=False)  # raw events; worker-only types are refused after
@@ -200,7 +200,7 @@ def _integration(claims: Claims, command: AppendCommand, _max_file_bytes: int) -
     return Admitted(command, internal=False)
 
 
-def _agent(claims: Claims, command: AppendCommand, _max_file_bytes: int) -> Decision:
+def _agent(claims: Claims, command: AppendCommand, _max_file_bytes: int) -> GateDecision:
     if not command.streamPath.startswith(AGENT_STREAMS):
         return Refused("agent-agent-streams-only", f"an agent token appends only to agent streams ({AGENT_STREAMS}…)")
     if command.type != CONTEXT_ADDED:

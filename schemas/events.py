@@ -263,14 +263,6 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> JournalEvent | InvalidPay
         return InvalidPayloadEvent(envelope, describe_validation_error(typed_error, envelope.type))
 
 
-def validate_payload(event_type: str, payload: Any) -> Any:
-    """Validate a payload against its type's model; unconsumed types accept any object."""
-    model = PAYLOAD_MODELS.get(event_type)
-    if model is None:
-        return payload
-    return TypeAdapter(model).validate_python(payload) if model is CreatedPayload else model.model_validate(payload)
-
-
 def parse_consumed_input(value: Any) -> ConsumedInput:
     """Validate one of the agent's consumed inputs (`{type, payload, idempotencyKey?}`).
 

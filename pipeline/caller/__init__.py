@@ -7,7 +7,7 @@ One module per concern:
 - `calls`: what a job does at the provider (expiry, context-overflow summaries, compactions);
 - `provider`: one chat completion through the openai client's `post`, and what its errors mean;
 - `outcomes`: appending each outcome to its stream (decided by `processors/llm_outcomes.py`);
-- `commits`: at-least-once commits (`pipeline/kafka/offset_progress.py` tracks finished offsets).
+- `commits`: the flush before each at-least-once commit (`pipeline/kafka/keyed_consumer.py` commits).
 """
 
 from pipeline.caller.commits import CallerFatal

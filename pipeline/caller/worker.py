@@ -27,17 +27,18 @@ import threading
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
 from pipeline import exit_codes, metrics
 from pipeline.caller.calls import Calls, Result
-from pipeline.caller.commits import CallerFatal, Commits
+from pipeline.caller.commits import CallerFatal, flush_before_commit
 from pipeline.caller.outcomes import OutcomeWriter
 from pipeline.caller.provider import Provider
 from pipeline.caller.queues import Job, StreamQueues
 from pipeline.client import AppendError, Client
+from pipeline.kafka.keyed_consumer import Backpressure, OffsetCommits, PartitionListener
 from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import Settings
 from schemas.requests import CallRequest, CancelRequest, CompactRequest, LlmRequestRecord, SettledNotice
@@ -46,17 +47,6 @@ from topics.names import topic_names
 log = logging.getLogger("agentstream.caller")
 
 _records: TypeAdapter[Any] = TypeAdapter(LlmRequestRecord)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, caller: LlmCaller) -> None:
-        self.caller = caller
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.caller._revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.caller._assigned(set(assigned))
 
 
 class LlmCaller:
@@ -77,13 +67,12 @@ class LlmCaller:
         if session_timeout_ms is None:  # the workers' shared setting, where this version of Settings has it
             session_timeout_ms = int(float(getattr(settings, "session_timeout_s", 10.0)) * 1000)
         self.session_timeout_ms = session_timeout_ms
-        self.max_queued = max(2 * settings.llm_max_in_flight, 16)
+        self.backpressure = Backpressure(high=max(2 * settings.llm_max_in_flight, 16), low=settings.llm_max_in_flight)
         self.fatal: BaseException | None = None
         self.ready = threading.Event()  # set once partitions are assigned (tests, readiness)
-        self.commits = Commits()
+        self.commits = OffsetCommits()
         self.calls = StreamQueues(self._start_call, self._settle, self._fail)
         self.compactions = StreamQueues(self._start_compaction, self._settle, self._fail)
-        self._paused = False
         self._background: set[asyncio.Task[None]] = set()  # read-aheads (strong references)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -120,6 +109,7 @@ class LlmCaller:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._client = await asyncio.to_thread(lambda: Client(settings, internal=True))
+        self.commits = OffsetCommits(flush_before_commit(self._client))
         self._outcomes = OutcomeWriter(self._client, (settings.openai_api_key,), settings.context_tokens)
         self._provider = Provider(settings)
         self._work = Calls(self._provider, max_in_flight=settings.llm_max_in_flight, streaming=settings.streaming)
@@ -134,7 +124,7 @@ class LlmCaller:
             max_poll_interval_ms=max(300_000, int(settings.llm_timeout_s * 1000) * 3),
             **settings.aiokafka_consumer_config(),
         )
-        self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+        self._consumer.subscribe([self.topic], listener=PartitionListener(self._assigned, self._revoked))
         log.info(
             "LLM caller: group %s consuming %s; provider %s (max %d in flight, timeout %gs)",
             settings.caller_group,
@@ -179,7 +169,7 @@ class LlmCaller:
                 await committer
         if self.fatal is None and self._consumer is not None and self._client is not None:
             try:
-                await self.commits.commit(self._consumer, self._client)
+                await self.commits.commit(self._consumer)
             except Exception as error:  # shutting down: say it and go on
                 log.warning("final commit failed: %s", error)
         if self._consumer is not None:
@@ -290,7 +280,7 @@ class LlmCaller:
         while True:
             await asyncio.sleep(self.commit_interval_s)
             try:
-                await self.commits.commit(self._consumer, self._client)
+                await self.commits.commit(self._consumer)
             except CallerFatal as error:
                 self._fail(error)
                 return
@@ -357,7 +347,7 @@ class LlmCaller:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         self.commits.assigned(assigned)
-        self._paused = False
+        self.backpressure.reset()
         log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "no partitions")
         self.ready.set()
 
@@ -374,7 +364,7 @@ class LlmCaller:
         await self._abandon(jobs, "partition revoked")
         if self.fatal is None and self._consumer is not None and self._client is not None:
             try:
-                await self.commits.commit(self._consumer, self._client)
+                await self.commits.commit(self._consumer)
             except Exception as error:  # the new owner repeats uncommitted work
                 log.warning("commit on revoke failed: %s", error)
         self.commits.revoked(revoked)
@@ -394,13 +384,7 @@ class LlmCaller:
     def _backpressure(self) -> None:
         """Stop fetching while too many records wait; resume when the queues drain."""
         assert self._consumer is not None
-        waiting = self.calls.size() + self.compactions.size()
-        if not self._paused and waiting >= self.max_queued:
-            self._consumer.pause(*self._consumer.assignment())
-            self._paused = True
-        elif self._paused and waiting < self.settings.llm_max_in_flight:
-            self._consumer.resume(*self._consumer.assignment())
-            self._paused = False
+        self.backpressure.check(self._consumer, self.calls.size() + self.compactions.size())
 
     def _jobs(self) -> list[Job]:
         return [*self.calls.jobs(), *self.compactions.jobs()]

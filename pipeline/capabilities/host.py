@@ -29,8 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
 
@@ -41,7 +40,7 @@ from pipeline.capabilities.journal import JournalReader
 from pipeline.capabilities.references import ReferencedEvents
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
-from pipeline.kafka.offset_progress import PartitionProgress, commit_points
+from pipeline.kafka.keyed_consumer import Backpressure, OffsetCommits, PartitionListener
 from pipeline.settings import Settings
 from processors import idempotency_keys, scripts
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord
@@ -53,7 +52,7 @@ OUTCOME_WAIT_S = 10.0  # one wait for the journal's answer; repeated (never re-s
 
 
 @dataclass(slots=True)
-class Job:
+class ScriptJob:
     tp: TopicPartition
     kafka_offset: int
     record: ScriptRunRecord
@@ -61,20 +60,9 @@ class Job:
 
 
 @dataclass(slots=True)
-class Lane:
-    jobs: deque[Job] = field(default_factory=deque)
+class ScriptLane:
+    jobs: deque[ScriptJob] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, host: CapabilityHost) -> None:
-        self.host = host
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.host._revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.host._assigned(set(assigned))
 
 
 class CapabilityHost:
@@ -82,12 +70,11 @@ class CapabilityHost:
         self.settings = settings
         self.config = config
         self.topic = topic_names(settings.topic_prefix).script_runs
-        self.max_queued = 4 * config.concurrency + 64
-        self._lanes: dict[str, Lane] = {}
-        self._progress: dict[TopicPartition, PartitionProgress] = {}
+        self.backpressure = Backpressure(high=4 * config.concurrency + 64, low=config.concurrency)
+        self._lanes: dict[str, ScriptLane] = {}
+        self.commits = OffsetCommits()
         self._owned: set[TopicPartition] = set()  # assigned and not being revoked: runs may start
         self.fatal: BaseException | None = None
-        self._paused = False
         self._stopping = False
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,7 +127,7 @@ class CapabilityHost:
             max_poll_interval_ms=600_000,
             **settings.aiokafka_consumer_config(),
         )
-        self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+        self._consumer.subscribe([self.topic], listener=PartitionListener(self._assigned, self._revoked))
         log.info(
             "capability host: group %s consuming %s; %d scripts at once, %d MiB each",
             config.group,
@@ -203,23 +190,21 @@ class CapabilityHost:
     # ---- records and lanes ----------------------------------------------------------------------
 
     def _dispatch(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
-        progress = self._progress.get(tp)
-        if progress is None or tp not in self._owned:  # revoked since it was fetched
+        if tp not in self._owned or not self.commits.consumed(tp, offset):  # revoked since it was fetched
             return
-        progress.consumed(offset)
         try:
             record = ScriptRunRecord.model_validate_json(value or b"")
         except ValidationError as error:
             log.error("%s[%d]@%d is not a script run request (skipped): %s", tp.topic, tp.partition, offset, error)
-            progress.finished(offset)
+            self.commits.finished(tp, offset)
             return
-        lane = self._lanes.setdefault(record.streamPath, Lane())
-        lane.jobs.append(Job(tp, offset, record))
+        lane = self._lanes.setdefault(record.streamPath, ScriptLane())
+        lane.jobs.append(ScriptJob(tp, offset, record))
         metrics.SCRIPT_QUEUED.inc()
         if lane.task is None or lane.task.done():
             lane.task = asyncio.create_task(self._run_lane(record.streamPath, lane))
 
-    async def _run_lane(self, path: str, lane: Lane) -> None:
+    async def _run_lane(self, path: str, lane: ScriptLane) -> None:
         """One agent's runs, one at a time, in arrival order."""
         try:
             while lane.jobs:
@@ -242,7 +227,7 @@ class CapabilityHost:
             if not lane.jobs and self._lanes.get(path) is lane:
                 del self._lanes[path]
 
-    def _may_start(self, job: Job) -> bool:
+    def _may_start(self, job: ScriptJob) -> bool:
         return job.tp in self._owned and not self._stopping
 
     def _fail(self, error: BaseException) -> None:
@@ -252,12 +237,10 @@ class CapabilityHost:
         if self._stop is not None:
             self._stop.set()
 
-    def _finished(self, job: Job) -> None:
-        progress = self._progress.get(job.tp)
-        if progress is not None:
-            progress.finished(job.kafka_offset)
+    def _finished(self, job: ScriptJob) -> None:
+        self.commits.finished(job.tp, job.kafka_offset)
 
-    async def _handle(self, job: Job) -> None:
+    async def _handle(self, job: ScriptJob) -> None:
         record = job.record
         execution = record.executionId
         if _now_ms() >= record.expiresAt:
@@ -354,23 +337,12 @@ class CapabilityHost:
 
     async def _commit(self) -> None:
         assert self._consumer is not None
-        offsets = commit_points(self._progress)
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-        except KafkaError as error:
-            log.info("commit skipped (%s); it is retried", error)
-            return
-        for tp, point in offsets.items():
-            progress = self._progress.get(tp)
-            if progress is not None:
-                progress.committed = point
+        await self.commits.commit(self._consumer)
 
     def _assigned(self, assigned: set[TopicPartition]) -> None:
-        for tp in assigned:
-            self._progress.setdefault(tp, PartitionProgress())
-            self._owned.add(tp)
+        self.commits.assigned(assigned)
+        self._owned |= assigned
+        self.backpressure.reset()
         log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned) or "no partitions")
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
@@ -383,8 +355,7 @@ class CapabilityHost:
             await asyncio.wait(running, timeout=self.config.shutdown_timeout_s)
         with contextlib.suppress(Exception):
             await self._commit()  # what they finished; the new owner repeats the rest harmlessly
-        for tp in revoked:
-            self._progress.pop(tp, None)
+        self.commits.revoked(revoked)
 
     def _lane_tasks(self, which: Any) -> set[asyncio.Task[None]]:
         return {
@@ -395,13 +366,7 @@ class CapabilityHost:
 
     def _backpressure(self) -> None:
         assert self._consumer is not None
-        queued = sum(len(lane.jobs) for lane in self._lanes.values())
-        if not self._paused and queued >= self.max_queued:
-            self._consumer.pause(*self._consumer.assignment())
-            self._paused = True
-        elif self._paused and queued < self.config.concurrency:
-            self._consumer.resume(*self._consumer.assignment())
-            self._paused = False
+        self.backpressure.check(self._consumer, sum(len(lane.jobs) for lane in self._lanes.values()))
 
 
 def _now_ms() -> int:
