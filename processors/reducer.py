@@ -322,3 +322,13 @@ _HANDLERS = {
     SCRIPT_RUN_STARTED: _script_started,
     SCRIPT_RUN_SETTLED: _script_settled,
 }
+
+
+def state_through(events: Iterable[Any], offset: int) -> AgentState:
+    """The state folded from a stream's events (offset order) up to and including `offset`."""
+    state = AgentState()
+    for event in events:
+        if event.offset > offset:
+            break
+        fold(state, event)
+    return state

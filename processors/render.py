@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from processors.reducer import state_through
 from processors.state import AgentState, Cell
 from schemas.context import THIRD_PARTY_ACTOR_TYPES, Actor, ContextItem, Ref
 from schemas.requests import MAX_MESSAGES_BYTES, Transport
@@ -432,3 +434,13 @@ def turn_json(state: AgentState) -> dict[str, Any]:
             "reasoningOutputTokens": usage.reasoningOutputTokens,
         },
     }
+
+
+def render_request(
+    events: Iterable[Any], request: Any, transport: Transport, budget: RenderBudget
+) -> list[dict[str, Any]]:
+    """The messages of the `llm-request-requested` event `request` exactly as they were sent:
+    only the events up to it count (docs/behaviour.md §3), rendered within `budget`, the budget
+    of the request's model (the worker's `Settings.render_budget_for`), so an item over the model's
+    window shows cut exactly as the model received it."""
+    return render_messages(state_through(events, request.offset), transport, request.createdAt, budget)

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from pipeline.cli.agent_command import request_messages
 from pipeline.gateway.console.mirror import RecordCache
 from pipeline.gateway.console.sessions import SessionBook, csrf_ok
 from pipeline.gateway.console.views import (
@@ -24,7 +23,7 @@ from pipeline.gateway.console.views import (
     slice_page,
 )
 from processors.reducer import epoch_ms, fold_all
-from processors.render import as_of_request, render_messages
+from processors.render import DEFAULT_BUDGET, as_of_request, render_messages, render_request
 from processors.state import AgentState
 from schemas.events import decode_event
 
@@ -368,4 +367,4 @@ def test_a_request_rendered_from_the_live_state_equals_the_refold_up_to_it() -> 
         as_of = as_of_request(state, request.offset)
         assert as_of is not None
         live = render_messages(as_of, "openai", request.createdAt)
-        assert live == request_messages(journal.events, request, "openai")
+        assert live == render_request(journal.events, request, "openai", DEFAULT_BUDGET)

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from pipeline.settings import Settings
 from processors.render import (
     CONTEXT_PROTOCOL,
     DEFAULT_BUDGET,
@@ -25,6 +26,7 @@ from processors.render import (
     render_header,
     render_messages,
     render_ref,
+    render_request,
 )
 from processors.state import AgentState
 from schemas.context import ContextItem
@@ -539,3 +541,27 @@ def test_3_budget_when_even_cut_system_items_cannot_all_fit_the_newest_go_behind
         {"role": "user", "content": f"@{history}\nhi"},  # the room kept for a history notice holds it
         {"role": "developer", "content": TIMESTAMP_PREFIX + j.created_at(r)},
     ]
+
+
+def test_3_3_a_past_request_renders_within_its_own_models_budget_as_the_worker_sent_it() -> None:
+    """`render_request` (the console's and `agent request`'s view of request R) renders with the
+    budget of R's model: a history item over that model's window shows cut, with its notice, exactly
+    as the model received it; under a model with a large window the same item shows whole."""
+    settings = Settings.from_env({}, llm_context_tokens={"tiny": 2_000})  # a window of ~8,000 bytes
+    journal = Journal()
+    journal.created()
+    journal.system("policy", key="agent/system-prompt")
+    big = journal.user("x" * 20_000)
+    tiny_request = journal.request(model="tiny")
+    roomy_request = journal.request(model="roomy")
+    events = journal.decoded()
+    tiny = render_request(events, events[tiny_request - 1], "openai", settings.render_budget_for("tiny"))
+    roomy = render_request(events, events[roomy_request - 1], "openai", settings.render_budget_for("roomy"))
+    (tiny_item,) = [m["content"] for m in tiny if m["content"].split(maxsplit=1)[0] == f"@{big}"]
+    (roomy_item,) = [m["content"] for m in roomy if m["content"].split(maxsplit=1)[0] == f"@{big}"]
+    assert f"[Item @{big} was cut to fit the request" in tiny_item and len(tiny_item) < 8_200
+    assert roomy_item.endswith("x" * 20_000)
+    # The worker's own rendering of the live request, with the same budget, is the same bytes.
+    state = journal.fold(through=tiny_request)
+    worker = render_messages(state, "openai", events[tiny_request - 1].createdAt, settings.render_budget_for("tiny"))
+    assert worker == tiny

@@ -33,8 +33,8 @@ import pytest
 from pipeline.client import Agent, Stream
 from pipeline.settings import Settings
 from processors.llm_outcomes import INTERRUPTED_PREFIX
-from processors.reducer import epoch_ms, fold_all
-from processors.render import DEFAULT_BUDGET, TIMESTAMP_PREFIX, render_messages, turn_json
+from processors.reducer import epoch_ms, fold_all, state_through
+from processors.render import DEFAULT_BUDGET, TIMESTAMP_PREFIX, render_request, turn_json
 from processors.scheduler import breaker_reason
 from processors.state import AgentState
 from schemas.events import (
@@ -177,16 +177,12 @@ def settled_count(n: int) -> Callable[[list[Any]], bool]:
     return lambda events: len(settlements(events)) >= n
 
 
-def state_through(events: list[Any], offset: int) -> AgentState:
-    return fold_all(AgentState(), [e for e in events if e.offset <= offset])
-
-
 def rendered(events: list[Any], request: int) -> list[dict[str, Any]]:
     """§3: the messages of request R: the fold through R, R's createdAt as the timestamp."""
     (event,) = [e for e in events if e.offset == request]
     assert event.type == LLM_REQUEST_REQUESTED
     budget = BUDGETS.render_budget_for(event.payload.model)  # as the worker renders for that model
-    return render_messages(state_through(events, request), TRANSPORT, event.createdAt, budget)
+    return render_request(events, event, TRANSPORT, budget)
 
 
 def call_records(stack: Stack, path: str) -> list[dict[str, Any]]:

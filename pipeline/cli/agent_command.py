@@ -12,11 +12,11 @@ from pydantic import ValidationError
 from pipeline.client import AppendTimeout, Client
 from pipeline.settings import Settings
 from pipeline.terminal import escape_controls, escape_json_controls
-from processors.reducer import fold, fold_all
-from processors.render import projection_json, render_messages
+from processors.reducer import fold_all
+from processors.render import projection_json, render_messages, render_request
 from processors.state import AgentState
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, AppendCommand, InvalidPayloadEvent
-from schemas.requests import TRANSPORTS, Transport
+from schemas.requests import TRANSPORTS
 from topics.admin import require_topics
 from topics.names import topic_names
 
@@ -159,25 +159,10 @@ def _request(args: argparse.Namespace) -> int:
             raise LookupError(f"{args.path} has no llm-request-requested event at {which}")
         request = requests[-1]
         transport = args.transport or client.settings.transport
-        body = {"model": request.payload.model, "messages": request_messages(events, request, transport)}
+        budget = client.settings.render_budget_for(request.payload.model)
+        body = {"model": request.payload.model, "messages": render_request(events, request, transport, budget)}
         print(escape_json_controls(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode()))
     return 0
-
-
-def state_through(events: list[Any], offset: int) -> AgentState:
-    """The state folded from a stream's events (offset order) up to and including `offset`."""
-    state = AgentState()
-    for event in events:
-        if event.offset > offset:
-            break
-        fold(state, event)
-    return state
-
-
-def request_messages(events: list[Any], request: Any, transport: Transport) -> list[dict[str, Any]]:
-    """The messages of the `llm-request-requested` event `request` exactly as rendered for the model
-    (docs/behaviour.md §3: only events up to the request count)."""
-    return render_messages(state_through(events, request.offset), transport, request.createdAt)
 
 
 def register(commands: Any) -> None:

@@ -23,7 +23,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from jinja2 import Environment, FileSystemLoader
 from starlette.staticfiles import StaticFiles
 
-from pipeline.cli.agent_command import request_messages
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import Problem, new_append_id, prepare_submission
 from pipeline.gateway.console.guards import LiveStreamSlots, RateLimiter, foreign_sign_in, retry_after
@@ -45,7 +44,7 @@ from pipeline.gateway.console.views import (
 from pipeline.gateway.guards import add_connection_handlers
 from pipeline.gateway.tokens import hash_token
 from processors.gate import Claims, in_scope
-from processors.render import as_of_request, render_messages
+from processors.render import as_of_request, render_messages, render_request
 from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
 from schemas.requests import TRANSPORTS, Transport
 
@@ -170,7 +169,8 @@ class Console:
             if info is None:
                 return None
             as_of = as_of_request(entry.state, offset)  # exact unless a compaction came after it
-            messages = None if as_of is None else render_messages(as_of, transport, info.created_at)
+            budget = self.settings.render_budget_for(info.model)
+            messages = None if as_of is None else render_messages(as_of, transport, info.created_at, budget)
             return messages, info.model, info.created_at
 
         found = self.mirror.read(path, view)
@@ -181,7 +181,9 @@ class Console:
             events = await self.mirror.events(path, list(range(1, offset + 1)))
             if not events or events[-1].offset != offset:
                 return None
-            messages = request_messages(events, events[-1], transport)
+            request = events[-1]
+            budget = self.settings.render_budget_for(request.payload.model)
+            messages = render_request(events, request, transport, budget)
         return messages, model, created_at
 
 
