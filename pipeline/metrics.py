@@ -37,7 +37,9 @@ CHECKPOINT_COMMANDS = Histogram(
 )
 DLQ_RECORDS = Counter("agentstream_dlq_records_total", "Commands sent to agent-dlq, by reason kind.", ["reason"])
 FOLD_SECONDS = Histogram(
-    "agentstream_fold_seconds", "Time to validate, journal and fold one command into its projection.", buckets=_FAST
+    "agentstream_fold_seconds",
+    "Time to validate, journal and fold one command into its projection (one command in 16 is timed).",
+    buckets=_FAST,
 )
 RENDER_SECONDS = Histogram(
     "agentstream_render_seconds", "Time to render one request body from the projection.", buckets=_FAST

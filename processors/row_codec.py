@@ -199,82 +199,92 @@ def decode_cell(value: bytes) -> Cell:
 
 
 def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
-    """Everything but the items, and how far the stream's commands are journaled per topic."""
+    """Everything but the items, and how far the stream's commands are journaled per topic.
+
+    Written once per journaled event, so by hand: dict literals under the stored names of `MetaRow`
+    (tests/test_row_codec.py checks they are exactly its fields, in order).
+    """
     pending, request, usage, report = state.pending, state.open, state.usage, state.over_threshold
     return orjson.dumps(
-        _wire(
-            MetaRow,
-            path=state.stream_path,
-            cursor=state.cursor,
-            source_offset=sources.appends,
-            internal_source_offset=sources.internal,
-            published_through=state.published_through,
-            created=state.created,
-            config=_config_patch(state.config),
-            pending=None
+        {
+            "path": state.stream_path,
+            "cursor": state.cursor,
+            "sourceOffset": sources.appends,
+            "internalSourceOffset": sources.internal,
+            "publishedThrough": state.published_through,
+            "created": state.created,
+            "config": _config_patch(state.config),
+            "pending": None
             if pending is None
-            else _wire(PendingRow, offset=pending.offset, at_ms=pending.atMs, source=pending.source),
-            open=None
+            else {"offset": pending.offset, "atMs": pending.atMs, "source": pending.source},
+            "open": None
             if request is None
-            else _wire(
-                OpenRow,
-                offset=request.offset,
-                model=request.model,
-                expires_at=request.expiresAt,
-                trigger_offset=request.triggerOffset,
-                source=request.source,
-                interrupted_by=request.interruptedBy,
-                created_at=request.createdAt,
-            ),
-            paused=state.paused,
-            pause_trigger_offset=state.pause_trigger_offset,
-            latest_external_trigger=state.latest_external_trigger,
-            autonomous_turn_count=state.autonomous_turn_count,
-            consecutive_llm_failures=state.consecutive_llm_failures,
-            usage=_wire(
-                UsageRow,
-                input_tokens=usage.inputTokens,
-                output_tokens=usage.outputTokens,
-                cached_input_tokens=usage.cachedInputTokens,
-                reasoning_output_tokens=usage.reasoningOutputTokens,
-            ),
-            compacted_through=state.compacted_through,
-            over_threshold=None
+            else {
+                "offset": request.offset,
+                "model": request.model,
+                "expiresAt": request.expiresAt,
+                "triggerOffset": request.triggerOffset,
+                "source": request.source,
+                "interruptedBy": request.interruptedBy,
+                "createdAt": request.createdAt,
+            },
+            "paused": state.paused,
+            "pauseTriggerOffset": state.pause_trigger_offset,
+            "latestExternalTrigger": state.latest_external_trigger,
+            "autonomousTurnCount": state.autonomous_turn_count,
+            "consecutiveLlmFailures": state.consecutive_llm_failures,
+            "usage": {
+                "inputTokens": usage.inputTokens,
+                "outputTokens": usage.outputTokens,
+                "cachedInputTokens": usage.cachedInputTokens,
+                "reasoningOutputTokens": usage.reasoningOutputTokens,
+            },
+            "compactedThrough": state.compacted_through,
+            "overThreshold": None
             if report is None
-            else _wire(
-                UsageReportRow,
-                offset=report.offset,
-                llm_request_offset=report.llmRequestOffset,
-                model=report.model,
-                tokens=report.tokens,
-                threshold=report.threshold,
-            ),
-            last_request_created_at=state.last_request_created_at,
-            last_event_created_at=state.last_event_created_at,
-            scripts=[
-                _wire(
-                    ScriptRunRow,
-                    execution_id=run.executionId,
-                    offset=run.offset,
-                    expires_at=run.expiresAt,
-                    started=run.started,
-                )
+            else {
+                "offset": report.offset,
+                "llmRequestOffset": report.llmRequestOffset,
+                "model": report.model,
+                "tokens": report.tokens,
+                "threshold": report.threshold,
+            },
+            "lastRequestCreatedAt": state.last_request_created_at,
+            "lastEventCreatedAt": state.last_event_created_at,
+            "scripts": [
+                {
+                    "executionId": run.executionId,
+                    "offset": run.offset,
+                    "expiresAt": run.expiresAt,
+                    "started": run.started,
+                }
                 for run in state.scripts.values()
             ],
-            seqs=(
+            "seqs": (
                 state.system.next_seq,
                 state.system.next_front_seq,
                 state.history.next_seq,
                 state.history.next_front_seq,
             ),
-        )
+        }
     )
 
 
-@functools.lru_cache(maxsize=1024)
+_config_patches: dict[int, tuple[AgentConfig, dict[str, Any]]] = {}
+
+
 def _config_patch(config: AgentConfig) -> dict[str, Any]:
-    # Configurations are immutable and few (most agents keep the defaults): dump each once.
-    return config.model_dump(exclude_defaults=True)
+    """The configuration as stored: a patch over the defaults. Configurations are immutable and few
+    (most agents keep the defaults): each is dumped once, found by identity (hashing a model
+    walks all its fields)."""
+    found = _config_patches.get(id(config))
+    if found is not None and found[0] is config:
+        return found[1]
+    if len(_config_patches) >= 65_536:  # configs of streams long gone: start over
+        _config_patches.clear()
+    patch = config.model_dump(exclude_defaults=True)
+    _config_patches[id(config)] = (config, patch)  # holds the config: its id is not reused meanwhile
+    return patch
 
 
 def decode_meta_row(value: bytes) -> MetaRow:

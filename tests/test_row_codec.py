@@ -119,6 +119,8 @@ def test_the_stored_names_are_row_format_1() -> None:
         "scripts": [{"executionId": "x", "offset": 6, "expiresAt": 3000, "started": True}],
         "seqs": [1, 0, 1, 0],
     }
+    stored_names = [field.alias or name for name, field in row_codec.MetaRow.model_fields.items()]
+    assert list(orjson.loads(row_codec.encode_meta(state, SourceOffsets(3, 4)))) == stored_names  # in order
     assert orjson.loads(row_codec.encode_idempotency(3, "t", "h")) == {"offset": 3, "type": "t", "hash": "h"}
     assert orjson.loads(row_codec.encode_command_positions(1, 2)) == {"appends": 1, "internal": 2}
     cell = Lane("history").append(4, ContextItem(role="user", content="hi"), 2)

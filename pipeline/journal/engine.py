@@ -75,6 +75,10 @@ INTERNAL = b"internal"
 SCHEDULER = b"scheduler"
 H_REASON = "reason"
 
+# The fold-time histogram times one command in this many: an unbiased sample of the same
+# distribution, without a histogram update (three locked increments) per command.
+FOLD_SAMPLE_EVERY = 16
+
 # A scheduler decision not journaled within this time is decided again (its idempotency key makes
 # a duplicate harmless).
 RESEND_AFTER_MS = 5_000
@@ -153,6 +157,7 @@ class PartitionEngine:
         self.fatal = fatal
         self.on_fenced = on_fenced
         self.handled = 0
+        self.journaled_types: dict[str, int] = {}  # counted per batch into agentstream_events_journaled_total
         self.last_offset = -1  # agent-appends offset of the last command handled (consumer lag)
         self._check_row_format()
         self.active = True  # False once the partition is revoked or fenced: nothing more is decided
@@ -198,6 +203,7 @@ class PartitionEngine:
                 decision = self._internal_error(command, error)
             self._carry_out(decision)
             read[command.internal] = command.offset
+        self._count_journaled()
         self.checkpoints.work()
 
     async def handle(self, command: CommandRecord) -> None:
@@ -238,7 +244,8 @@ class PartitionEngine:
         state = entry.state
         was_open, was_paused = state.open, state.paused
         sources = entry.sources if command.scheduled else entry.sources.advanced(command.internal, command.offset)
-        started = time.perf_counter()
+        timed = self.handled % FOLD_SAMPLE_EVERY == 0
+        started = time.perf_counter() if timed else 0.0
         outcome = journal_command(
             state,
             append,
@@ -247,9 +254,11 @@ class PartitionEngine:
             read=self.streams.read,
             append_id_window=self.append_id_window,
         )
-        metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
+        if timed:
+            metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
         if isinstance(outcome, Journaled):
             entry.sources = sources
+            self.journaled_types[outcome.event.type] = self.journaled_types.get(outcome.event.type, 0) + 1
             _observe(outcome.event, state, was_open)
             self.open_requests += (state.open is not None) - (was_open is not None)
             self.paused_agents += state.paused - was_paused
@@ -419,7 +428,13 @@ class PartitionEngine:
         except Exception as error:  # as for commands: dead-letter it, keep the partition going
             decision = self._internal_error(command, error)
         self._carry_out(decision)
+        self._count_journaled()
         self.checkpoints.work()
+
+    def _count_journaled(self) -> None:
+        for event_type, count in self.journaled_types.items():
+            metrics.journaled(event_type).inc(count)
+        self.journaled_types.clear()
 
     # --- recovery ------------------------------------------------------------------------------
 
@@ -434,8 +449,8 @@ def _parsed_or_none(value: bytes) -> AppendCommand | None:
 
 
 def _observe(event: Any, state: AgentState, was_open: Any) -> None:
-    """Counters of one journaled event (the state is already folded)."""
-    metrics.journaled(event.type).inc()
+    """Counters of one journaled event (the state is already folded; events by type are counted
+    per batch, `PartitionEngine._count_journaled`)."""
     if state.open is not None and state.open is not was_open:
         metrics.REQUESTS_OPENED.inc()
     if was_open is not None and state.open is None and event.type == LLM_REQUEST_SETTLED:
