@@ -28,10 +28,10 @@ from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from pipeline.caller.worker import LlmCaller
-from pipeline.capabilities.journal import JournalReader
 from pipeline.gateway.console.mirror import JournalMirror
 from pipeline.journal.replay import PartitionTask, replay, replay_partition
 from pipeline.journal.replay_store import open_output
+from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges, read_ranges_async, watermarks
 from tests.journal import Journal

@@ -35,9 +35,9 @@ from typing import Any
 
 import orjson
 
-from pipeline.capabilities.journal import JournalReader
 from pipeline.capabilities.references import ReferencedEvents
 from pipeline.client import AppendError, AppendResult, AppendTimeout, Client, Receipt
+from pipeline.kafka.journal_reader import JournalReader
 from processors import grants
 from processors.globs import in_scope
 from processors.idempotency_keys import script_call_key

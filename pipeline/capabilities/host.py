@@ -36,10 +36,10 @@ from pydantic import ValidationError
 from pipeline import exit_codes, metrics
 from pipeline.capabilities.config import HostConfig
 from pipeline.capabilities.grants import Grants, outcome
-from pipeline.capabilities.journal import JournalReader
 from pipeline.capabilities.references import ReferencedEvents
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
+from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.keyed_consumer import Backpressure, OffsetCommits, PartitionListener
 from pipeline.settings import Settings
 from processors import idempotency_keys, scripts

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from pipeline.capabilities.journal import JournalReader
+from pipeline.kafka.journal_reader import JournalReader
 from processors.grants import referenced_events
 
 CACHED_AGENTS = 1_000

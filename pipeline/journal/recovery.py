@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from pipeline.capabilities.journal import JournalReader
 from pipeline.journal import records
 from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from pipeline.journal.streams import StreamEntry
+from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.read import read_ranges_async
 from processors import row_codec, rows
 from processors.journal import apply_event, payload_hash

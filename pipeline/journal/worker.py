@@ -32,12 +32,12 @@ from aiokafka.structs import TopicPartition
 from rocksdict import WriteBatch
 
 from pipeline import exit_codes, metrics
-from pipeline.capabilities.journal import JournalReader
 from pipeline.journal.command_reader import CommandReader
 from pipeline.journal.due_timer import DueTimer
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
 from pipeline.kafka.faust_committed import RAW, CommittedTableManager, broker_url, faust_credentials
+from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.producer import PartitionProducer
 from pipeline.settings import Settings
 from processors.row_codec import RowFormatError
