@@ -147,6 +147,10 @@ def _verify(admin: AdminClient, specs: Sequence[TopicSpec], timeout: float) -> l
         actual = len(metadata[spec.name].partitions)
         if actual != spec.partitions:
             problems.append(f"{spec.name}: partitions expected {spec.partitions}, actual {actual}")
+        # Fewer replicas than asked for would lose the journal with one broker.
+        replicas = min((len(p.replicas) for p in metadata[spec.name].partitions.values()), default=0)
+        if replicas != spec.replication_factor:
+            problems.append(f"{spec.name}: replication factor expected {spec.replication_factor}, actual {replicas}")
     specs = [spec for spec in specs if spec.name in metadata and spec.configs]
     if not specs:
         return problems

@@ -92,3 +92,14 @@ def topic_specs(prefix: str = "", partitions: int = 8, replication_factor: int =
             {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)},
         ),
     ]
+
+
+def journal_worker_topic_specs(app_id: str, partitions: int = 8, replication_factor: int = 1) -> list[TopicSpec]:
+    """The topics Faust declares for the journal worker `app_id`, created here first so that
+    `topics ensure` creates and checks them with the set's replication factor too (Faust would
+    create them with the same settings on the worker's first start)."""
+    return [
+        # The rows table's changelog: compacted, co-partitioned with the topic set.
+        TopicSpec(f"{app_id}-rows-changelog", partitions, replication_factor, {"cleanup.policy": "compact"}),
+        TopicSpec(f"{app_id}-__assignor-__leader", 1, replication_factor),
+    ]

@@ -49,10 +49,11 @@ def _worker(args: argparse.Namespace) -> int:
 
 def _topics_ensure(args: argparse.Namespace) -> int:
     from topics.admin import ensure_topics
-    from topics.names import topic_specs
+    from topics.names import journal_worker_topic_specs, topic_specs
 
     settings = Settings.from_env()
     specs = topic_specs(settings.topic_prefix, settings.partitions, settings.replication_factor)
+    specs += journal_worker_topic_specs(settings.app_id, settings.partitions, settings.replication_factor)
     try:
         created = ensure_topics(settings.bootstrap_servers, specs, client_config=settings.kafka_client_config())
     except KafkaSetupError as error:  # the list of mismatches stays one line per topic

@@ -69,6 +69,9 @@ PROCESSES = (
     Process(GATEWAY, (GATEWAY,), "HTTP gateway"),
 )
 SERVICES = ("model", "kafka")  # stopped in this order, after every process
+# `up --brokers N` runs a cluster of N nodes (scripts/kafka/start-cluster.sh) instead of the single
+# broker; this file records N so that `down` stops that cluster.
+CLUSTER_FILE = RUN_DIR / "kafka-cluster.nodes"
 
 
 @dataclass
@@ -114,6 +117,34 @@ def stop_service(name: str) -> bool:
     if result.returncode != 0:
         raise StackError(f"could not stop {name}: {(result.stderr or result.stdout).strip()}")
     return "not running" not in result.stdout  # both stop scripts say so when there was nothing to stop
+
+
+def start_cluster(nodes: int) -> str:
+    """Start the local cluster of `nodes` brokers; its bootstrap servers."""
+    env = {**os.environ, "AGENTSTREAM_KAFKA_NODES": str(nodes)}
+    script = SCRIPTS / "kafka" / "start-cluster.sh"
+    result = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        raise StackError(f"could not start the Kafka cluster:\n{result.stdout}{result.stderr}".rstrip())
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    CLUSTER_FILE.write_text(str(nodes))
+    return result.stdout.strip().rsplit(" ", 1)[-1]
+
+
+def stop_cluster() -> bool:
+    """Stop the cluster `up --brokers N` started; True if it was running."""
+    try:
+        nodes = CLUSTER_FILE.read_text().strip()
+    except OSError:
+        return False
+    env = {**os.environ, "AGENTSTREAM_KAFKA_NODES": nodes}
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "kafka" / "stop-cluster.sh")], capture_output=True, text=True, env=env
+    )
+    if result.returncode != 0:
+        raise StackError(f"could not stop the Kafka cluster: {(result.stderr or result.stdout).strip()}")
+    CLUSTER_FILE.unlink(missing_ok=True)
+    return "not running" not in result.stdout
 
 
 def ensure_topics_now() -> None:
@@ -317,10 +348,12 @@ def start_processes(settings: Settings, launch: Launch, say: Say = print) -> Lau
     return launch
 
 
-def up(settings: Settings, say: Say = print, launch: Launch | None = None) -> Launch:
+def up(settings: Settings, say: Say = print, launch: Launch | None = None, brokers: int = 1) -> Launch:
     """Start what is not running; returns (and fills in `launch`) what this call started."""
     launch = launch if launch is not None else Launch()
-    if start_service("kafka"):
+    if brokers > 1:
+        say(f"  Kafka cluster: {brokers} brokers on {start_cluster(brokers)}")
+    elif start_service("kafka"):
         launch.started.append("kafka")
         say(f"  Kafka broker: started on {settings.bootstrap_servers}")
     else:
@@ -347,6 +380,9 @@ def down(parts: list[str] | None = None, say: Say = print) -> list[str]:
         if service in wanted and stop_service(service):
             stopped.append(service)
             say(f"  stopped {service}")
+    if "kafka" in wanted and stop_cluster():
+        stopped.append("kafka-cluster")
+        say("  stopped kafka-cluster")
     return stopped
 
 
@@ -359,6 +395,14 @@ def register(commands: Any) -> None:
         help="start the local broker, embedded model, workers, router and HTTP gateway (detached)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up_parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run a local cluster of N brokers (scripts/kafka/start-cluster.sh; replication min(N, 3), "
+        "min.insync.replicas one less) instead of the single broker",
     )
     up_parser.set_defaults(run=_run_up)
     down_parser = commands.add_parser(
@@ -409,9 +453,17 @@ def usage(settings: Settings, launch: Launch) -> list[str]:
 
 
 def _run_up(args: argparse.Namespace) -> int:
+    if args.brokers > 1:
+        # Topics and every process started below inherit these: the cluster's address, replication 3.
+        nodes = args.brokers
+        port = int(os.environ.get("AGENTSTREAM_KAFKA_PORT", "19192"))
+        servers = ",".join(f"127.0.0.1:{port + 2 * node}" for node in range(nodes))
+        os.environ["AGENTSTREAM_BOOTSTRAP_SERVERS"] = servers
+        os.environ["AGENTSTREAM_REPLICATION_FACTOR"] = str(min(nodes, 3))
+        print(f"(set AGENTSTREAM_BOOTSTRAP_SERVERS={servers} for other commands)")
     settings = Settings.from_env()
     print("starting the local stack:", flush=True)
-    launch = up(settings, say=lambda line: print(line, flush=True))
+    launch = up(settings, say=lambda line: print(line, flush=True), brokers=args.brokers)
     print("up.")
     for line in usage(settings, launch):
         print(line)

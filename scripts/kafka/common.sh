@@ -9,7 +9,18 @@ REPO_ROOT="$(cd "$KAFKA_SCRIPTS_DIR/../.." && pwd)"
 KAFKA_VERSION="${AGENTSTREAM_KAFKA_VERSION:-4.4.0}"
 KAFKA_PORT="${AGENTSTREAM_KAFKA_PORT:-19092}"
 KAFKA_CONTROLLER_PORT="${AGENTSTREAM_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}"
-KAFKA_HOST=127.0.0.1
+# AGENTSTREAM_KAFKA_HOST: the address this node listens on and advertises (a cluster node in its own
+# network namespace listens on that namespace's address).
+KAFKA_HOST="${AGENTSTREAM_KAFKA_HOST:-127.0.0.1}"
+
+# One node of a cluster (scripts/kafka/start-cluster.sh sets these): its node id, every voter of the
+# controller quorum as `id@host:port,...` (empty: a standalone node), the cluster id all nodes are
+# formatted with, and the replication of the internal topics (min.insync.replicas is one less).
+KAFKA_NODE_ID="${AGENTSTREAM_KAFKA_NODE_ID:-1}"
+KAFKA_VOTERS="${AGENTSTREAM_KAFKA_VOTERS:-}"
+KAFKA_CLUSTER_ID="${AGENTSTREAM_KAFKA_CLUSTER_ID:-}"
+KAFKA_REPLICATION="${AGENTSTREAM_KAFKA_REPLICATION:-1}"
+KAFKA_MIN_ISR=$(( KAFKA_REPLICATION > 1 ? KAFKA_REPLICATION - 1 : 1 ))
 
 # AGENTSTREAM_KAFKA_HOME: another state directory (config, data, logs, pid file) for a second,
 # separate broker beside the usual one (with its own AGENTSTREAM_KAFKA_PORT); the jars are shared.
