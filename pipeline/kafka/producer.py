@@ -170,7 +170,12 @@ class PartitionProducer:
         self._open = False
         try:
             await asyncio.to_thread(self._commit, timeout_s)
-        except KafkaException as error:
+        except (KafkaException, SystemError) as raised:
+            # A KafkaException pending while librdkafka calls the logger surfaces as a SystemError
+            # caused by it (seen when a cut-off worker is fenced): still a fence, not a crash.
+            error = raised if isinstance(raised, KafkaException) else raised.__cause__
+            if not isinstance(error, KafkaException):
+                raise
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
             if self._fenced(kafka_error):
                 raise Fenced(f"commit: {(self.fatal_error or kafka_error).str()}") from error  # type: ignore[union-attr]
