@@ -69,7 +69,10 @@ def journal_command(
     sources: SourceOffsets,
     read: RowReader,
     append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
+    sealed_later: bool = False,
 ) -> Outcome:
+    """`sealed_later`: leave the stream's item and metadata rows out of the outcome; the caller
+    writes them once for many events (`stream_rows`), as the journal worker does per checkpoint."""
     path = command.streamPath
     if command.appendId is not None:
         existing = read(rows.append_id_key(path, command.appendId))
@@ -113,7 +116,15 @@ def journal_command(
     except ValidationError as error:
         return Rejected(describe_validation_error(error, command.type))
     record = orjson.dumps(envelope)
-    changed = apply_event(state, event, sources, command.appendId, digest, window=append_id_window, read=read)
+    if sealed_later:
+        if state.changes is None:
+            state.changes = {}
+        fold(state, event)
+        changed = dedupe.dedupe_rows(
+            path, event.offset, event.type, key, digest, command.appendId, window=append_id_window, read=read
+        )
+    else:
+        changed = apply_event(state, event, sources, command.appendId, digest, window=append_id_window, read=read)
     return Journaled(event, record, changed)
 
 
@@ -142,9 +153,16 @@ def apply_event(
     if state.changes is None:
         state.changes = {}
     fold(state, event)
-    changed: list[rows.Row] = list(row_codec.change_rows(path, state.drain_changes()))
-    changed += dedupe.dedupe_rows(
+    dedupe_rows = dedupe.dedupe_rows(
         path, event.offset, event.type, event.idempotencyKey, digest, append_id, window=window, read=read
     )
-    changed.append((rows.meta_key(path), row_codec.encode_meta(state, sources)))  # metadata last
+    own = stream_rows(state, sources)
+    return own[:-1] + dedupe_rows + own[-1:]  # the metadata row last
+
+
+def stream_rows(state: AgentState, sources: SourceOffsets) -> list[rows.Row]:
+    """The stream's item rows changed since they were last written, and its metadata row (last)."""
+    path = state.stream_path
+    changed: list[rows.Row] = list(row_codec.change_rows(path, state.drain_changes()))
+    changed.append((rows.meta_key(path), row_codec.encode_meta(state, sources)))
     return changed

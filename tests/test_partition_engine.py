@@ -312,6 +312,40 @@ def test_nothing_a_command_holds_stops_the_partition() -> None:
     run(scenario())
 
 
+def test_5_1_4_a_failure_after_earlier_events_of_the_stream_in_the_same_checkpoint_keeps_them_exactly() -> None:
+    """A stream's item and metadata rows are written once per checkpoint (at its seal). A command
+    that fails after other events of its stream were folded into the same open checkpoint must
+    leave the stream as those events made it: the next event continues the offsets, and the rows
+    stored equal what re-folding the journal writes."""
+
+    async def scenario() -> None:
+        h = Harness(Exploding)
+        await h.handle(h.command(SYSTEM), h.command(user("hello")))
+        await h.settle()
+        # One checkpoint: two good events, the failure, another good one.
+        await h.handle(
+            h.command(user("one", idempotencyKey="k1")),
+            h.command(user("two", appendId="a2")),
+            h.command(user("boom")),
+            h.command(user("three")),
+        )
+        await h.settle()
+        journal = [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal)]
+        assert [(e["offset"], e["payload"]["content"]) for e in journal][-3:] == [(3, "one"), (4, "two"), (5, "three")]
+        live = {k: v for k, v in h.table.stored.items() if not k.startswith(POSITIONS)}
+        records = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
+        fresh = DictStore()
+        engine = PartitionEngine(0, fresh, NAMES, h.kafka, max_cached_streams=100)
+        Recovery(engine).refold(records, [])
+        await engine.checkpoints.flush()
+        again = {k: v for k, v in fresh.stored.items() if not k.startswith(POSITIONS)}
+        assert again == live, sorted(set(again) ^ set(live))[:5]
+        state = h.engine.streams.get(PATH).state
+        assert state.cursor == 5 and [c.item.content for c in state.history.cells][-3:] == ["one", "two", "three"]
+
+    run(scenario())
+
+
 def test_worker_only_events_are_refused_on_the_public_topic_and_taken_from_the_internal_one() -> None:
     async def scenario() -> None:
         h = Harness()

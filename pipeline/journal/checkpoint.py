@@ -231,8 +231,10 @@ class Committer:
         *,
         on_fenced: Callable[[BaseException], None],
         fatal: Callable[[BaseException], None] | None,
+        seal: Callable[[Checkpoint], None] | None = None,
     ) -> None:
         self.partition = partition
+        self.seal = seal  # completes the open checkpoint's rows right before it is committed
         self.store = store
         self.producer = producer
         self.journal_topic = journal_topic
@@ -292,6 +294,8 @@ class Committer:
         while self.committing is not None:  # one transaction at a time
             self._committed.clear()
             await self._committed.wait()
+        if self.seal is not None and self.fenced is None:
+            self.seal(self.open)
         checkpoint, self.open = self.open, Checkpoint(self.partition)
         if not checkpoint or self.fenced is not None:
             return

@@ -42,12 +42,13 @@ from pydantic import ValidationError
 
 from pipeline import metrics
 from pipeline.journal import heap
-from pipeline.journal.checkpoint import Committer, RowStore, TransactionalProducer
+from pipeline.journal.checkpoint import Checkpoint, Committer, RowStore, TransactionalProducer
 from pipeline.journal.follow_ups import FollowUps
-from pipeline.journal.streams import StreamRepository
+from pipeline.journal.streams import StreamEntry, StreamRepository
 from pipeline.kafka.partitioner import partition_for
 from processors import dedupe, row_codec, rows
-from processors.journal import Duplicate, Journaled, Rejected, journal_command
+from processors.journal import Duplicate, Journaled, Rejected, journal_command, stream_rows
+from processors.reducer import fold
 from processors.render import DEFAULT_BUDGET, RenderBudget
 from processors.scheduler import decide, stale_expiry
 from processors.state import AgentState
@@ -149,7 +150,12 @@ class PartitionEngine:
         self.max_pending = max_pending  # commands staged at most while a checkpoint commits
         self.max_event_bytes = max_event_bytes
         self.append_id_window = append_id_window
-        self.checkpoints = Committer(partition, store, producer, topics.journal, on_fenced=self._fenced, fatal=fatal)
+        self.checkpoints = Committer(
+            partition, store, producer, topics.journal, on_fenced=self._fenced, fatal=fatal, seal=self.seal
+        )
+        # Streams folded in the open checkpoint: their item and metadata rows are written once, when
+        # it is sealed, however many of their events it holds.
+        self.unsealed: dict[str, StreamEntry] = {}
         self.streams = StreamRepository(store, self.checkpoints.staged, max_cached_streams)
         # Set by the worker once recovery's command backlog is read: scheduler decisions are
         # journaled at once and must not overtake it.
@@ -179,6 +185,7 @@ class PartitionEngine:
     def _fenced(self, error: BaseException) -> None:
         """Another worker owns the partition now: decide nothing more, forget every state."""
         self.active = False
+        self.unsealed.clear()
         self.streams.clear()
         if self.on_fenced is not None:
             self.on_fenced(self, error)
@@ -253,6 +260,7 @@ class PartitionEngine:
             sources=sources,
             read=self.streams.read,
             append_id_window=self.append_id_window,
+            sealed_later=True,
         )
         if timed:
             metrics.FOLD_SECONDS.observe(time.perf_counter() - started)
@@ -275,6 +283,8 @@ class PartitionEngine:
             entry.sent.pop(outcome.event.idempotencyKey or "", None)  # a scheduler decision arrived
             handled.after.extend(self.follow_ups.after(entry, outcome.event))
             self.wake(append.streamPath, 0)
+            entry.unsealed.append((outcome.event, sources))  # last: the command went through whole
+            self.unsealed[append.streamPath] = entry
             handled.journal = (outcome.record, headers)
             return handled
         if isinstance(outcome, Duplicate):
@@ -296,10 +306,35 @@ class PartitionEngine:
         )
         path = command.key.decode(errors="replace") if command.key else None
         if path is not None:
-            self.streams.forget(path)
+            self._reload(path)
         return self._rejection(
             command, _parsed_or_none(command.value), f"internal_error: {type(error).__name__}: {error}"
         )
+
+    def _reload(self, path: str) -> None:
+        """The stream's state as it was before the failed command. Its rows hold it as of the first
+        event of the open checkpoint (item and metadata rows wait for the seal), so it is loaded from
+        them and the checkpoint's events are folded again."""
+        self.streams.forget(path)
+        unsealed = self.unsealed.pop(path, None)
+        if unsealed is None or not unsealed.unsealed:
+            return
+        entry = self.streams.get(path)
+        entry.state.changes = {}
+        for event, sources in unsealed.unsealed:
+            fold(entry.state, event)
+            entry.sources = sources
+        entry.unsealed = unsealed.unsealed
+        entry.sent = unsealed.sent
+        self.unsealed[path] = entry
+
+    def seal(self, checkpoint: Checkpoint) -> None:
+        """Write the item and metadata rows of every stream folded in `checkpoint`, as they are now."""
+        for entry in self.unsealed.values():
+            for key, value in stream_rows(entry.state, entry.sources):
+                checkpoint.rows[key] = value
+            entry.unsealed = []
+        self.unsealed.clear()
 
     def _rejection(self, command: CommandRecord, append: AppendCommand | None, reason: str) -> HandledCommand:
         handled = HandledCommand(command, [])

@@ -25,6 +25,9 @@ class StreamEntry:
     last_request: tuple[int, list[dict[str, Any]]] | None = None
     # Scheduler commands sent but not yet journaled (idempotency key -> sent at, ms).
     sent: dict[str, int] = field(default_factory=dict)
+    # Events folded in the open checkpoint, each with the sources after it: the stream's item and
+    # metadata rows are written when the checkpoint is sealed (`PartitionEngine.seal`).
+    unsealed: list[tuple[Any, SourceOffsets]] = field(default_factory=list)
 
 
 class StreamRepository:
@@ -74,6 +77,9 @@ class StreamRepository:
         self._evict()
         return entry
 
+    def put(self, path: str, entry: StreamEntry) -> None:
+        self._cached[path] = entry
+
     def forget(self, path: str) -> None:
         """Drop a stream's cached state: it reloads from its rows (stored and staged)."""
         self._cached.pop(path, None)
@@ -85,11 +91,11 @@ class StreamRepository:
         return len(self._cached)
 
     def _evict(self) -> None:
-        # A stream with rows not yet stored stays cached: its state is ahead of the store.
+        # A stream with rows not yet stored, or not yet written, stays cached: its state is ahead.
         while len(self._cached) > self.max_cached:
-            for path in self._cached:
+            for path, entry in self._cached.items():
                 key = rows.meta_key(path)
-                if not any(key in staged for staged in self.staged()):
+                if not entry.unsealed and not any(key in staged for staged in self.staged()):
                     del self._cached[path]
                     break
             else:
