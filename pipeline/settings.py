@@ -289,6 +289,21 @@ class Settings(BaseModel):
     gateway_console_live_streams: Annotated[
         int, Field(ge=1, description="Live-update streams the console serves at once, all sessions together.")
     ] = 1000
+    mcp_max_wait_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="Longest an MCP send_message may wait for the agent's answer (its wait_seconds); a "
+            "gateway shutting down waits at most this long for the answers in flight.",
+        ),
+    ] = 60.0
+    token: Annotated[
+        str | None,
+        Field(
+            description="Bearer token `agentstream mcp` acts with, checked against the gateway tokens file "
+            "(AGENTSTREAM_GATEWAY_TOKENS_FILE) as the gateway checks it: the same tier and scope.",
+        ),
+    ] = None
     router_app_id: Annotated[
         str, Field(description="Faust application id of the router (consumer group, subscriptions table topics).")
     ] = "agentstream-router"

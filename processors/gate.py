@@ -6,9 +6,10 @@ A pure function: no I/O, no clock. The gateway validates the command's shape fir
 the gate (403 naming the rule on refusal, nothing produced), then produces what the gate
 returned. Tiers:
 
-- `user` (people through a web front end): only `context-added` with role `user` to agent streams,
-  plus `agent/paused` / `agent/resumed`; the gateway stamps the user actor from the token, so a
-  client-supplied actor, `key`, `compaction`, `llmRequestOffset` or an oversized file is refused.
+- `user` (people through a web front end or an MCP client): only `context-added` with role `user`
+  to agent streams, plus `agent/paused` / `agent/resumed`; the gateway stamps the user actor from
+  the token (its `origin` names the door: `web` or `mcp`), so a client-supplied actor, `key`,
+  `compaction`, `llmRequestOffset` or an oversized file is refused.
 - `integration`: any non-worker event to `/integrations/...`; to agent streams only developer
   items carrying an integration-kind actor (third-party data, never instructions).
 - `agent` (scripts, other agents): developer items to agent streams, the actor stamped from the
@@ -27,7 +28,7 @@ A subscription's source must lie inside the appending token's scope too.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from processors.globs import in_scope
 from processors.idempotency_keys import RESERVED_KEY_PREFIXES, is_reserved
@@ -51,6 +52,9 @@ USER_TYPES = frozenset({CONTEXT_ADDED, AGENT_PAUSED, AGENT_RESUMED})
 # What makes a stream an agent, and what only the platform may therefore append (§6.6).
 AGENT_ONLY_TYPES = frozenset({AGENT_CREATED, AGENT_CONFIGURED, AGENT_SUBSCRIBED})
 DEFAULT_MAX_USER_FILE_BYTES = 25 * 1024 * 1024
+# The door a user token's item came through, stamped into its actor: the HTTP API and the console
+# (`web`), or the MCP door (`mcp`).
+Origin = Literal["web", "mcp"]
 
 # Every rule name the gate can answer (bounded: a Prometheus label, and what a 403 names).
 RULES = (
@@ -109,7 +113,11 @@ GateDecision = Admitted | Refused
 
 
 def admit(
-    claims: Claims, command: AppendCommand, *, max_user_file_bytes: int = DEFAULT_MAX_USER_FILE_BYTES
+    claims: Claims,
+    command: AppendCommand,
+    *,
+    max_user_file_bytes: int = DEFAULT_MAX_USER_FILE_BYTES,
+    origin: Origin = "web",
 ) -> GateDecision:
     path = command.streamPath
     if not in_scope(path, claims.scope):
@@ -126,8 +134,11 @@ def admit(
             f"idempotency key {command.idempotencyKey!r} is reserved for the system (keys starting with "
             f"{', '.join(RESERVED_KEY_PREFIXES)}); choose another key",
         )
-    tier_rules = {"user": _user, "integration": _integration, "agent": _agent}[claims.tier]
-    decision = tier_rules(claims, command, max_user_file_bytes)
+    if claims.tier == "user":
+        decision = _user(claims, command, max_user_file_bytes, origin)
+    else:
+        tier_rules = {"integration": _integration, "agent": _agent}[claims.tier]
+        decision = tier_rules(claims, command, max_user_file_bytes)
     if isinstance(decision, Refused):
         return decision
     worker_only = worker_only_reason(decision.command.type, decision.command.payload)
@@ -142,7 +153,7 @@ def admit(
 # --- tiers -------------------------------------------------------------------------------------
 
 
-def _user(claims: Claims, command: AppendCommand, max_file_bytes: int) -> GateDecision:
+def _user(claims: Claims, command: AppendCommand, max_file_bytes: int, origin: Origin) -> GateDecision:
     if not command.streamPath.startswith(AGENT_STREAMS):
         return Refused("user-agent-streams-only", f"a user token appends only to agent streams ({AGENT_STREAMS}…)")
     if command.type not in USER_TYPES:
@@ -166,7 +177,7 @@ def _user(claims: Claims, command: AppendCommand, max_file_bytes: int) -> GateDe
             )
     if item.get("role") != "user":
         return Refused("user-role", f"a user token sends role 'user' only, not {item.get('role')!r}")
-    actor: dict[str, Any] = {"type": "user", "origin": "web"}
+    actor: dict[str, Any] = {"type": "user", "origin": origin}
     if claims.user_id is not None:
         actor["userId"] = claims.user_id
     return Admitted(_with_actor(command, actor), internal=False)

@@ -21,6 +21,7 @@ from pipeline.cli import agent_command, fold_command, replay_command
 from pipeline.client import AppendError, AppendRejected
 from pipeline.dev import demo, local_stack
 from pipeline.gateway import cli as gateway_cli
+from pipeline.mcp_door import stdio as mcp_stdio
 from pipeline.settings import Settings, SettingsError
 from pipeline.terminal import escape_controls
 from topics.admin import KafkaSetupError
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     local_stack.register(commands)
     agent_command.register(commands)
     gateway_cli.register(commands)
+    mcp_stdio.register(commands)
 
     worker = commands.add_parser("worker", help="run a worker in the foreground")
     worker.add_argument(

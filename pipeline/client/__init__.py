@@ -208,23 +208,34 @@ class Agent:
         return f"Agent({self.path!r})"
 
 
+def new_agent_path() -> str:
+    """Where `agents.create()` puts a new agent: `/agents/<16 hex digits>`."""
+    return f"/agents/{uuid.uuid4().hex[:16]}"
+
+
+def birth_commands() -> list[dict[str, Any]]:
+    """The two events that make an agent, in order: `agent/created`, then the shipped base policy as
+    its system prompt. Their idempotency keys are fixed, so creating an existing agent again is a
+    duplicate, not a second birth."""
+    return [
+        {"type": AGENT_CREATED, "payload": {"by": "agentstream-client"}, "idempotencyKey": AGENT_CREATED_KEY},
+        {
+            "type": CONTEXT_ADDED,
+            "payload": {"role": "system", "content": base_policy.TEXT, "key": base_policy.SYSTEM_PROMPT_KEY},
+            "idempotencyKey": base_policy.IDEMPOTENCY_KEY,
+        },
+    ]
+
+
 class Agents:
     def __init__(self, client: Client) -> None:
         self._client = client
 
     def create(self) -> Agent:
         """A new agent: `agent/created`, then the shipped base policy as its system prompt."""
-        agent = Agent(self._client, f"/agents/{uuid.uuid4().hex[:16]}")
-        agent.append(
-            {"type": AGENT_CREATED, "payload": {"by": "agentstream-client"}, "idempotencyKey": AGENT_CREATED_KEY}
-        )
-        agent.append(
-            {
-                "type": CONTEXT_ADDED,
-                "payload": {"role": "system", "content": base_policy.TEXT, "key": base_policy.SYSTEM_PROMPT_KEY},
-                "idempotencyKey": base_policy.IDEMPOTENCY_KEY,
-            }
-        )
+        agent = Agent(self._client, new_agent_path())
+        for command in birth_commands():
+            agent.append(command)
         return agent
 
     def get(self, path: str) -> Agent:

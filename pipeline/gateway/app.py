@@ -245,7 +245,8 @@ def build_app(
         gateway.results.start(loop)
         watcher = asyncio.create_task(_watch_tokens_file(tokens))
         try:
-            yield
+            async with mcp_door.sessions.run():
+                yield
         finally:
             watcher.cancel()
             await asyncio.to_thread(console.close)
@@ -265,6 +266,10 @@ def build_app(
     add_connection_handlers(app)
     console_app, console = build_console(gateway)  # the web console (docs/operations.md, "Web console")
     app.mount("/console", console_app)
+    from pipeline.mcp_door.http import HttpDoor  # here: the door builds on this module's Gateway
+
+    mcp_door = HttpDoor(gateway, console.mirror)  # MCP at /mcp (docs/behaviour.md §9), the console's mirror
+    app.router.routes.append(mcp_door.route)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Response:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from processors.gate import Claims, Refused, admit
+from processors.gate import Claims, Origin, Refused, admit
 from schemas.events import CONSUMED_TYPES, AppendCommand, describe_validation_error, parse_consumed_input
 from schemas.gateway import BatchLine, EventSubmission
 from topics.names import TopicNames
@@ -84,13 +84,14 @@ def prepare_line(claims: Claims, body: Any, append_id: str, topics: TopicNames, 
 
 
 def prepare_command(
-    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits
+    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits, origin: Origin = "web"
 ) -> Ready | Problem:
+    """`origin`: the door the command came through, stamped into a user token's actor."""
     try:
         command = AppendCommand.model_validate({**raw, "appendId": append_id})
     except ValidationError as error:
         return Problem(400, "invalid_command", describe_validation_error(error, raw.get("type")))
-    decision = admit(claims, command, max_user_file_bytes=limits.max_user_file_bytes)
+    decision = admit(claims, command, max_user_file_bytes=limits.max_user_file_bytes, origin=origin)
     if isinstance(decision, Refused):
         return Problem(403, "forbidden", f"{decision.rule}: {decision.detail}", decision.rule)
     command = decision.command
