@@ -226,7 +226,7 @@ def test_a_body_over_the_size_limit_is_413_and_an_event_over_the_event_limit_too
     big_event = user_item("y" * (event_limit + 1))
     assert len(orjson.dumps(big_event)) < limit
     reply = env.post(agent_path(), big_event, env.user)
-    assert reply.status == 413 and "largest event" in reply.json()["detail"], reply
+    assert reply.status == 413 and "over maxEventBytes" in reply.json()["detail"], reply
 
 
 def test_an_ndjson_batch_journals_its_good_lines_and_answers_each_bad_line_with_its_error(env: Env) -> None:

@@ -12,10 +12,9 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from pipeline.gateway.commands import Limits, Problem, prepare_command
-from pipeline.gateway.tokens import TokenBook, hash_token
-from pipeline.mcp_door.door import DoorError, problem_text
-from pipeline.mcp_door.tools import TokenAuthority, build_server
-from pipeline.mcp_door.turns import (
+from pipeline.gateway.mcp.door import DoorError, problem_text
+from pipeline.gateway.mcp.tools import TokenAuthority, build_server
+from pipeline.gateway.mcp.turns import (
     TurnWatch,
     as_envelope,
     event_window,
@@ -23,6 +22,7 @@ from pipeline.mcp_door.turns import (
     user_message,
     within_bytes,
 )
+from pipeline.gateway.tokens import TokenBook, hash_token
 from pipeline.settings import Settings
 from processors.gate import Admitted, Claims, admit
 from schemas.events import (

@@ -21,7 +21,7 @@ from pipeline.cli import agent_command, fold_command, replay_command
 from pipeline.client import AppendError, AppendRejected
 from pipeline.dev import demo, local_stack
 from pipeline.gateway import cli as gateway_cli
-from pipeline.mcp_door import stdio as mcp_stdio
+from pipeline.gateway.mcp import stdio as mcp_stdio
 from pipeline.settings import Settings, SettingsError
 from pipeline.terminal import escape_controls
 from topics.admin import KafkaSetupError

@@ -26,6 +26,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from pydantic import ValidationError
 
 from pipeline import base_policy
+from pipeline.client.prepare import Unfit, new_append_id, prepare_append
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import consume_ready, read_ranges, watermarks
 from pipeline.settings import Settings
@@ -35,9 +36,7 @@ from schemas.events import (
     CONTEXT_ADDED,
     AppendCommand,
     decode_event,
-    describe_validation_error,
     parse_consumed_input,
-    worker_only_reason,
 )
 from schemas.outcomes import AppendOutcome
 from topics.admin import quiet_librdkafka
@@ -281,21 +280,15 @@ class Client:
         self.streams = Streams(self)
 
     def _send(self, path: str, raw: dict[str, Any]) -> Receipt:
-        append_id = uuid.uuid4().hex
-        try:
-            command = AppendCommand.model_validate({**raw, "streamPath": path, "appendId": append_id})
-        except ValidationError as error:
-            raise ValueError(describe_validation_error(error, raw.get("type"))) from None
-        if not self.internal:
-            forbidden = worker_only_reason(command.type, command.payload)
-            if forbidden is not None:
-                raise AppendRejected(f"append to {path} refused: {forbidden}")
-        value = command.model_dump_json(exclude_none=True).encode()
-        if len(value) > self.settings.max_event_bytes:
-            raise AppendRejected(
-                f"append to {path} refused: too_large: the command is {len(value)} bytes, over maxEventBytes "
-                f"({self.settings.max_event_bytes}); keep bulky data in a referenced event or a file"
-            )
+        append_id = new_append_id()
+        ready = prepare_append(
+            {**raw, "streamPath": path}, append_id, max_event_bytes=self.settings.max_event_bytes, workers=self.internal
+        )
+        if isinstance(ready, Unfit):
+            if ready.kind == "invalid":
+                raise ValueError(ready.detail)
+            raise AppendRejected(f"append to {path} refused: {ready.detail}")
+        value = ready.value
         self._results.expect(append_id)
         self._producer.produce(self._command_topic, key=path.encode(), value=value, on_delivery=self._on_delivery)
         self._producer.poll(0)

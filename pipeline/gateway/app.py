@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,13 +21,14 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Send
 
+from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import (
     Limits,
     Problem,
     Ready,
-    new_append_id,
     parse_json,
     prepare_command,
     prepare_line,
@@ -36,7 +36,8 @@ from pipeline.gateway.commands import (
 )
 from pipeline.gateway.console.routes import build_console
 from pipeline.gateway.guards import BodyDeadline, add_connection_handlers
-from pipeline.gateway.kafka import CommandProducer, KafkaUnavailable, ResultsFollower, Saturated
+from pipeline.gateway.kafka import CommandProducer, ResultsFollower
+from pipeline.gateway.service import ApiError, Gateway, error_response, journaled, json_response
 from pipeline.gateway.tokens import RELOAD_CHECK_S, TokenBook
 from pipeline.gateway.webhooks import (
     WebhookError,
@@ -62,155 +63,11 @@ from schemas.gateway import (
     Journaled,
 )
 from schemas.outcomes import AppendOutcome
-from topics.names import TopicNames, topic_names
+from topics.names import topic_names
 
 log = logging.getLogger("agentstream.gateway")
 
 MAX_BATCH_LINES = 10_000
-RETRY_AFTER_S = "1"
-
-
-class ApiError(Exception):
-    def __init__(self, problem: Problem, headers: dict[str, str] | None = None) -> None:
-        super().__init__(problem.detail)
-        self.problem = problem
-        self.headers = headers or {}
-
-
-def _unauthorized(detail: str) -> ApiError:
-    metrics.REFUSALS.labels("auth").inc()
-    return ApiError(Problem(401, "unauthorized", detail), {"WWW-Authenticate": "Bearer"})
-
-
-def json_response(model: BaseModel, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        model.model_dump_json(exclude_none=True), status_code=status, media_type="application/json", headers=headers
-    )
-
-
-def error_response(problem: Problem, headers: dict[str, str] | None = None) -> Response:
-    body = ErrorBody(error=problem.error, detail=problem.detail, rule=problem.rule)
-    return json_response(body, problem.status, headers)
-
-
-@dataclass
-class Gateway:
-    """What the routes share: settings, tokens, the producer and the outcome follower."""
-
-    settings: Settings
-    tokens: TokenBook
-    topics: TopicNames
-    producer: CommandProducer
-    results: ResultsFollower
-    limits: Limits
-
-    def authenticate(self, request: Request) -> Claims:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise _unauthorized("send 'Authorization: Bearer <token>'")
-        claims = self.tokens.claims(token.strip())
-        if claims is None:
-            raise _unauthorized("unknown or revoked token")
-        return claims
-
-    async def body(self, request: Request, limit: int) -> bytes:
-        """The request body, refused (413) as soon as it passes `limit` bytes."""
-        declared = request.headers.get("content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise ApiError(Problem(400, "invalid_request", "Content-Length is not a number"))
-            if int(declared) > limit:
-                raise self._too_large(int(declared), limit)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise self._too_large(size, limit)
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    @staticmethod
-    def _too_large(size: int, limit: int) -> ApiError:
-        metrics.REFUSALS.labels("size").inc()
-        return ApiError(Problem(413, "too_large", f"the body is {size} bytes or more, over the limit of {limit} bytes"))
-
-    def require_kafka(self, waiting: bool) -> None:
-        if not self.producer.reachable:
-            metrics.REFUSALS.labels("unavailable").inc()
-            raise ApiError(Problem(503, "kafka_unavailable", self.producer.problem), {"Retry-After": "5"})
-        if waiting and not self.results.assigned:
-            metrics.REFUSALS.labels("unavailable").inc()
-            raise ApiError(
-                Problem(503, "kafka_unavailable", "not yet following agent-append-results; retry shortly"),
-                {"Retry-After": "1"},
-            )
-
-    def submit(self, ready: Ready) -> asyncio.Future[None]:
-        """Produce; raises ApiError 429 (queue full) or 503 (unreachable) at once."""
-        try:
-            future = self.producer.submit(ready.topic, ready.key, ready.value)
-        except Saturated as error:
-            metrics.REFUSALS.labels("saturated").inc()
-            raise ApiError(
-                Problem(429, "saturated", f"{error}; retry shortly"), {"Retry-After": RETRY_AFTER_S}
-            ) from None
-        except KafkaUnavailable as error:
-            metrics.REFUSALS.labels("unavailable").inc()
-            raise ApiError(Problem(503, "kafka_unavailable", str(error)), {"Retry-After": "5"}) from None
-        internal = ready.topic == self.topics.internal_appends
-        (metrics.COMMANDS_TO_INTERNAL if internal else metrics.COMMANDS_TO_APPENDS).inc()
-        return future
-
-    async def deliver(self, ready: Ready) -> None:
-        try:
-            await self.submit(ready)
-        except KafkaUnavailable as error:
-            raise ApiError(Problem(503, "kafka_unavailable", str(error)), {"Retry-After": "5"}) from None
-
-    async def append(self, ready: Ready, wait: bool) -> Response:
-        """Produce one prepared command; answer 202, or 200 once journaled with `wait`."""
-        outcome = self.results.expect(ready.append_id) if wait else None
-        try:
-            await self.deliver(ready)
-            if outcome is None:
-                return json_response(Accepted(streamPath=ready.stream_path, appendId=ready.append_id), 202)
-            journaled = await self.outcome(ready, outcome)
-            return json_response(journaled)
-        finally:
-            self.results.forget(ready.append_id)
-
-    async def outcome(self, ready: Ready, future: asyncio.Future[AppendOutcome]) -> Journaled:
-        try:
-            outcome = await asyncio.wait_for(future, self.settings.gateway_wait_timeout_s)
-        except TimeoutError:
-            raise ApiError(self.timeout_problem(ready)) from None
-        answer = journaled(outcome)
-        if isinstance(answer, Problem):
-            raise ApiError(answer)
-        return answer
-
-    def timeout_problem(self, ready: Ready) -> Problem:
-        return Problem(
-            504,
-            "timeout",
-            f"append {ready.append_id} is in Kafka but has no journal outcome after "
-            f"{self.settings.gateway_wait_timeout_s:.0f}s: is the journal worker running?",
-        )
-
-
-def journaled(outcome: AppendOutcome) -> Journaled | Problem:
-    """The journal's outcome as an answer: journaled or duplicate, or its rejection as a problem."""
-    if outcome.status != "rejected":
-        assert outcome.offset is not None
-        return Journaled(streamPath=outcome.streamPath, offset=outcome.offset, duplicate=outcome.status == "duplicate")
-    reason = outcome.reason or "rejected by the journal"
-    if reason.startswith("idempotency key"):
-        return Problem(409, "idempotency_conflict", reason)
-    if reason.startswith("too_large"):
-        return Problem(413, "too_large", reason)
-    return Problem(400, "rejected", reason)
 
 
 def _error_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -266,7 +123,7 @@ def build_app(
     add_connection_handlers(app)
     console_app, console = build_console(gateway)  # the web console (docs/operations.md, "Web console")
     app.mount("/console", console_app)
-    from pipeline.mcp_door.http import HttpDoor  # here: the door builds on this module's Gateway
+    from pipeline.gateway.mcp.http import HttpDoor  # here: the door builds on this module's Gateway
 
     mcp_door = HttpDoor(gateway, console.mirror)  # MCP at /mcp (docs/behaviour.md §9), the console's mirror
     app.router.routes.append(mcp_door.route)
@@ -503,10 +360,6 @@ def _exception_handlers(app: FastAPI) -> None:
     async def unexpected(_: Request, error: Exception) -> Response:
         log.exception("unexpected error in the gateway")
         return error_response(Problem(500, "internal", f"unexpected {type(error).__name__}; see the gateway log"))
-
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class MetricsMiddleware:

@@ -1,32 +1,23 @@
 """From one HTTP submission to a command ready to produce, or the error to answer. No I/O.
 
-Order: the command's shape and stream path (400), then the append gate (403, nothing produced),
-then the payload of a consumed type as the gate stamped it (400), then the size (413).
+Every command goes through the one append path (`pipeline/client/prepare.py`); this module turns
+its refusals into answers: shape and stream path 400, the append gate 403 (nothing produced), the
+payload of a consumed type as the gate stamped it 400, the size 413.
 """
 
 from __future__ import annotations
 
-import itertools
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
 
-from processors.gate import Claims, Origin, Refused, admit
-from schemas.events import CONSUMED_TYPES, AppendCommand, describe_validation_error, parse_consumed_input
+from pipeline.client.prepare import Unfit, prepare_append
+from processors.gate import Claims, Origin
+from schemas.events import describe_validation_error
 from schemas.gateway import BatchLine, EventSubmission
 from topics.names import TopicNames
-
-# Append ids: a random per-process prefix and a counter (unique, and far cheaper than uuid4 per
-# command: os.urandom is a system call).
-_ID_PREFIX = os.urandom(10).hex()
-_ids = itertools.count()
-
-
-def new_append_id() -> str:
-    return f"{_ID_PREFIX}{next(_ids):012x}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,33 +75,33 @@ def prepare_line(claims: Claims, body: Any, append_id: str, topics: TopicNames, 
 
 
 def prepare_command(
-    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits, origin: Origin = "web"
+    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits, *, origin: Origin = "web"
 ) -> Ready | Problem:
-    """`origin`: the door the command came through, stamped into a user token's actor."""
-    try:
-        command = AppendCommand.model_validate({**raw, "appendId": append_id})
-    except ValidationError as error:
-        return Problem(400, "invalid_command", describe_validation_error(error, raw.get("type")))
-    decision = admit(claims, command, max_user_file_bytes=limits.max_user_file_bytes, origin=origin)
-    if isinstance(decision, Refused):
-        return Problem(403, "forbidden", f"{decision.rule}: {decision.detail}", decision.rule)
-    command = decision.command
-    if command.type in CONSUMED_TYPES:
-        consumed = {"type": command.type, "payload": command.payload}
-        try:
-            parse_consumed_input(consumed)
-        except ValueError as error:
-            return Problem(400, "invalid_command", str(error))
-    value = command.model_dump_json(exclude_none=True).encode()
-    if len(value) > limits.max_event_bytes:
-        return Problem(
-            413,
-            "too_large",
-            f"the command is {len(value)} bytes, over the largest event ({limits.max_event_bytes}); "
-            "keep bulky data in a file or a referenced event",
-        )
-    topic = topics.internal_appends if decision.internal else topics.appends
-    return Ready(topic, command.streamPath.encode(), value, command.streamPath, append_id)
+    """One command through the one append path (`pipeline/client/prepare.py`), as an HTTP answer.
+
+    `origin`: the user actor's origin the gate stamps (`web`; `mcp` for the MCP door)."""
+    prepared = prepare_append(
+        raw,
+        append_id,
+        max_event_bytes=limits.max_event_bytes,
+        claims=claims,
+        check_payload=True,
+        origin=origin,
+        max_user_file_bytes=limits.max_user_file_bytes,
+    )
+    if isinstance(prepared, Unfit):
+        return _problem(prepared)
+    command = prepared.command
+    topic = topics.internal_appends if prepared.internal else topics.appends
+    return Ready(topic, command.streamPath.encode(), prepared.value, command.streamPath, append_id)
+
+
+def _problem(unfit: Unfit) -> Problem:
+    if unfit.kind == "forbidden":
+        return Problem(403, "forbidden", unfit.detail, unfit.rule)
+    if unfit.kind == "too_large":
+        return Problem(413, "too_large", unfit.detail)
+    return Problem(400, "invalid_command", unfit.detail)
 
 
 def _type_of(body: Any) -> str | None:

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Send
 
 from pipeline.gateway import metrics
 from schemas.gateway import ErrorBody
 
 log = logging.getLogger("agentstream.gateway")
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 CLIENT_CLOSED_REQUEST = 499  # no client reads it; the request metrics count it under this status
 

@@ -58,7 +58,7 @@ class RequestInfo:
 
 
 @dataclass(slots=True)
-class StreamEntry:
+class MirroredStream:
     path: str
     partition: int
     state: AgentState = field(default_factory=AgentState)
@@ -107,7 +107,7 @@ class JournalMirror:
         self._settings = settings
         self._topic = topic
         self.lock = threading.Lock()  # guards entries, states and the cache (follower vs. pages)
-        self._entries: dict[str, StreamEntry] = {}
+        self._entries: dict[str, MirroredStream] = {}
         self._cache = RecordCache(cache_bytes)
         self._subscribers: set[Subscriber] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,13 +145,13 @@ class JournalMirror:
         with self.lock:
             return list(self._entries)
 
-    def read(self, path: str, view: Callable[[StreamEntry], T]) -> T | None:
+    def read(self, path: str, view: Callable[[MirroredStream], T]) -> T | None:
         """`view(entry)` under the lock (the follower folds meanwhile otherwise); None: no such stream."""
         with self.lock:
             entry = self._entries.get(path)
             return None if entry is None else view(entry)
 
-    def read_all(self, view: Callable[[StreamEntry], T], wanted: Callable[[str], bool]) -> list[T]:
+    def read_all(self, view: Callable[[MirroredStream], T], wanted: Callable[[str], bool]) -> list[T]:
         with self.lock:
             return [view(entry) for path, entry in self._entries.items() if wanted(path)]
 
@@ -310,12 +310,12 @@ class JournalMirror:
                 path = event.streamPath
                 entry = self._entries.get(path)
                 if entry is None:
-                    entry = self._entries[path] = StreamEntry(path, partition)
+                    entry = self._entries[path] = MirroredStream(path, partition)
                 if self._add(entry, event, position, value):
                     changed.add(path)
         return changed
 
-    def _add(self, entry: StreamEntry, event: Any, position: int, value: bytes) -> bool:
+    def _add(self, entry: MirroredStream, event: Any, position: int, value: bytes) -> bool:
         offset = event.offset
         if offset <= entry.state.cursor:
             return False  # a record the journal worker produced twice (at-least-once): folded already

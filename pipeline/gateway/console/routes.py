@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import orjson
@@ -22,11 +22,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from jinja2 import Environment, FileSystemLoader
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Send
 
+from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
-from pipeline.gateway.commands import Problem, new_append_id, prepare_submission
+from pipeline.gateway.commands import Problem, prepare_submission
 from pipeline.gateway.console.guards import LiveStreamSlots, RateLimiter, foreign_sign_in, retry_after
-from pipeline.gateway.console.mirror import JournalMirror, StreamEntry
+from pipeline.gateway.console.mirror import JournalMirror, MirroredStream
 from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, Session, SessionBook, csrf_ok
 from pipeline.gateway.console.views import (
     STATUS_LABELS,
@@ -42,14 +44,12 @@ from pipeline.gateway.console.views import (
     slice_page,
 )
 from pipeline.gateway.guards import add_connection_handlers
+from pipeline.gateway.service import ApiError, Gateway
 from pipeline.gateway.tokens import hash_token
 from processors.gate import Claims, in_scope
 from processors.render import as_of_request, render_messages, render_request
 from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
 from schemas.requests import TRANSPORTS, Transport
-
-if TYPE_CHECKING:
-    from pipeline.gateway.app import Gateway
 
 HERE = Path(__file__).resolve().parent
 JOURNAL_PAGE = 50
@@ -148,7 +148,7 @@ class Console:
     def status_context(self, path: str) -> dict[str, Any]:
         now_ms = int(time.time() * 1000)
 
-        def view(entry: StreamEntry) -> dict[str, Any]:
+        def view(entry: MirroredStream) -> dict[str, Any]:
             return {
                 "row": agent_row(path, entry.state),
                 "turn": explain_turn(entry.state, now_ms, self.settings.default_model, entry.pause_reason),
@@ -164,7 +164,7 @@ class Console:
     ) -> tuple[list[dict[str, Any]], str, str] | None:
         """(messages, model, createdAt) of request `offset` as the model saw it, or None."""
 
-        def view(entry: StreamEntry) -> tuple[list[dict[str, Any]] | None, str, str] | None:
+        def view(entry: MirroredStream) -> tuple[list[dict[str, Any]] | None, str, str] | None:
             info = entry.requests.get(offset)
             if info is None:
                 return None
@@ -362,7 +362,7 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
     def projection_context(request: Request, path: str) -> dict[str, Any]:
         transport = transport_param(request)
 
-        def view(entry: StreamEntry) -> dict[str, Any]:
+        def view(entry: MirroredStream) -> dict[str, Any]:
             return {
                 "items": projection_items(entry.state, transport),
                 "published_through": entry.state.published_through,
@@ -393,7 +393,7 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
         return console.page("_projection.html", viewer, path=path, **projection_context(request, path))
 
     def requests_context(path: str) -> dict[str, Any]:
-        def view(entry: StreamEntry) -> list[dict[str, Any]]:
+        def view(entry: MirroredStream) -> list[dict[str, Any]]:
             open_offset = entry.state.open.offset if entry.state.open is not None else None
             return [
                 {"offset": r, "created_at": info.created_at, "model": info.model, "open": r == open_offset}
@@ -499,8 +499,6 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
         ready = prepare_submission(viewer.claims, path, body, new_append_id(), gateway.topics, gateway.limits)
         if isinstance(ready, Problem):
             raise Refused(ready.status, ready.detail)
-        from pipeline.gateway.app import ApiError
-
         try:
             gateway.require_kafka(True)
             outcome = gateway.results.expect(ready.append_id)
@@ -516,8 +514,6 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
         return RedirectResponse("/console/agent?" + urlencode({"path": path}), 303)
 
     async def read_form(request: Request, limit: int) -> dict[str, str]:
-        from pipeline.gateway.app import ApiError
-
         try:
             raw = await gateway.body(request, limit)
         except ApiError as error:
@@ -553,10 +549,6 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
         return await append(request, viewer, form, body)
 
     return app, console
-
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class LiveStream(StreamingResponse):

@@ -18,11 +18,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from pipeline.client import birth_commands, new_agent_path
-from pipeline.gateway.app import ApiError
-from pipeline.gateway.commands import Problem, Ready, new_append_id, prepare_command
-from pipeline.gateway.console.mirror import JournalMirror, StreamEntry
+from pipeline.client.prepare import new_append_id
+from pipeline.gateway.commands import Problem, Ready, prepare_command
+from pipeline.gateway.console.mirror import JournalMirror, MirroredStream
 from pipeline.gateway.console.views import AgentRow, agent_row, filter_rows, slice_page
-from pipeline.mcp_door.turns import (
+from pipeline.gateway.mcp.turns import (
     TurnWatch,
     as_envelope,
     event_window,
@@ -30,6 +30,7 @@ from pipeline.mcp_door.turns import (
     user_message,
     within_bytes,
 )
+from pipeline.gateway.service import ApiError
 from processors.gate import Claims, in_scope
 from processors.render import render_messages
 from schemas.gateway import Journaled
@@ -45,7 +46,7 @@ from schemas.mcp import (
 from schemas.requests import Transport
 
 if TYPE_CHECKING:
-    from pipeline.gateway.app import Gateway
+    from pipeline.gateway.service import Gateway
     from pipeline.settings import Settings
 
 # A door that has just started (an `agentstream mcp` process) connects to Kafka and reads the journal
@@ -86,7 +87,7 @@ class Door:
         """Streams inside the token's scope that are agents (their `agent/created` is journaled)."""
         mirror = await self._caught_up()
 
-        def row(entry: StreamEntry) -> AgentRow | None:
+        def row(entry: MirroredStream) -> AgentRow | None:
             return agent_row(entry.path, entry.state) if entry.state.created else None
 
         rows = [r for r in mirror.read_all(row, lambda path: in_scope(path, claims.scope)) if r is not None]
@@ -134,7 +135,7 @@ class Door:
         settings = self.settings
         chosen = transport or settings.transport
 
-        def view(entry: StreamEntry) -> RenderedContext:
+        def view(entry: MirroredStream) -> RenderedContext:
             state = entry.state
             model = state.config.llm.model or settings.default_model
             messages = render_messages(state, chosen, None, settings.render_budget_for(model))

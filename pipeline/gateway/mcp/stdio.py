@@ -35,12 +35,12 @@ def serve(settings: Settings) -> None:
 
 
 async def _serve(settings: Settings, tokens: Any) -> None:
-    from pipeline.gateway.app import Gateway
     from pipeline.gateway.commands import Limits
     from pipeline.gateway.console.mirror import JournalMirror
     from pipeline.gateway.kafka import CommandProducer, ResultsFollower
-    from pipeline.mcp_door.door import Door
-    from pipeline.mcp_door.tools import TokenAuthority, build_server
+    from pipeline.gateway.mcp.door import Door
+    from pipeline.gateway.mcp.tools import TokenAuthority, build_server
+    from pipeline.gateway.service import Gateway
     from topics.names import topic_names
 
     loop = asyncio.get_running_loop()

@@ -19,8 +19,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_REQUEST, ToolAnnotations
 from pydantic import Field
 
+from pipeline.gateway.mcp.door import Door, DoorError
 from pipeline.gateway.tokens import TokenBook
-from pipeline.mcp_door.door import Door, DoorError
 from pipeline.settings import Settings
 from processors.gate import Claims
 from schemas.mcp import AgentList, CreatedAgent, EventRange, RenderedContext, SentMessage

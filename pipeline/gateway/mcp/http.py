@@ -20,22 +20,21 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_REQUEST
 from starlette.requests import Request
 from starlette.routing import Route
+from starlette.types import Receive, Send
 
-from pipeline.gateway.app import ApiError, error_response
+from pipeline.gateway.mcp.door import Door
+from pipeline.gateway.mcp.tools import UNAUTHORIZED, build_server
+from pipeline.gateway.service import ApiError, error_response
 from pipeline.gateway.tokens import hash_token
-from pipeline.mcp_door.door import Door
-from pipeline.mcp_door.tools import UNAUTHORIZED, build_server
 from processors.gate import Claims
 
 if TYPE_CHECKING:
-    from pipeline.gateway.app import Gateway
     from pipeline.gateway.console.mirror import JournalMirror
+    from pipeline.gateway.service import Gateway
 
 PATH = "/mcp"
 CLAIMS_KEY = "agentstream.claims"  # an ASGI scope extension key: the caller's claims, set by BearerGuard
 
-Receive = Any
-Send = Any
 AsgiApp = Any
 
 
