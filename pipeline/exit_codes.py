@@ -1,4 +1,4 @@
-"""Exit codes of every agentstream command and worker (the README's exit code table lists them)."""
+"""Exit codes of every agentstream command and worker (docs/usage.md's exit code table lists them)."""
 
 from __future__ import annotations
 

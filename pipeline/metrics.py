@@ -2,7 +2,7 @@
 
 Names follow Prometheus conventions: `agentstream_` prefix, base units (seconds), `_total` for
 counters. Label values are bounded sets (event type names of the contract, reason kinds, statuses),
-never stream paths. The README's metrics table lists each one.
+never stream paths. The metrics table of docs/reference.md lists each one.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ DLQ_REASON_LABELS = (
 
 
 def dlq_reason_label(reason: str) -> str:
-    """The bounded kind of a DLQ reason, one of `DLQ_REASON_LABELS` (the README lists each)."""
+    """The bounded kind of a DLQ reason, one of `DLQ_REASON_LABELS` (docs/reference.md lists each)."""
     if reason.startswith("not an append command"):
         return "not_a_command"
     if reason.startswith("idempotency key"):

@@ -1,8 +1,8 @@
 """Settings: environment variables `AGENTSTREAM_<NAME>` with documented defaults.
 
-Every field's description is the documentation. The README's configuration table repeats each
-field with its default and description; tests/test_readme.py fails when a row is missing or differs
-(`.venv/bin/python -m tests.test_readme` prints the current rows).
+Every field's description is the documentation. The configuration table of docs/reference.md
+repeats each field with its default and description; tests/test_reference_docs.py fails when a row
+is missing or differs (`.venv/bin/python -m tests.test_reference_docs` prints the current rows).
 """
 
 from __future__ import annotations

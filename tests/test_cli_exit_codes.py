@@ -1,4 +1,4 @@
-"""How `agentstream` maps what a command raises to its exit code (pipeline/exit_codes.py; README,
+"""How `agentstream` maps what a command raises to its exit code (pipeline/exit_codes.py; docs/usage.md,
 "Exit codes"), without Kafka."""
 
 from __future__ import annotations

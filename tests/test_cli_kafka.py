@@ -221,7 +221,7 @@ def test_wrong_bootstrap_server_is_one_line_not_librdkafka_noise(stack: Stack) -
 
 
 def test_missing_topics_and_replay_errors_exit_3(stack: Stack, tmp_path: Path) -> None:
-    """README: 3 is Kafka unreachable or misconfigured (missing topics exited 2; replay's errors 1)."""
+    """docs/usage.md: 3 is Kafka unreachable or misconfigured (missing topics exited 2; replay's errors 1)."""
     env = {**stack.env(), "AGENTSTREAM_TOPIC_PREFIX": f"missing-{uuid.uuid4().hex[:8]}-"}
     for args in (
         ["agent", "create"],
