@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentstream",
         description="Durable, replayable LLM agent memory on Apache Kafka. "
-        "Settings come from AGENTSTREAM_* environment variables (see README).",
+        "Settings come from AGENTSTREAM_* environment variables (see docs/reference.md).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fold_command.register(commands)
