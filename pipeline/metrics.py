@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from schemas.events import CONSUMED_TYPES
+from schemas.events import CONSUMED_TYPES, CONTEXT_ADDED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED
 
 _FAST = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 _PROVIDER = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -138,3 +138,23 @@ SCRIPT_RUN_SECONDS = Histogram(
 SCRIPT_POOL_SIZE = Gauge("agentstream_script_pool_size", "Scripts the host runs at once (sandbox workers).")
 SCRIPT_POOL_BUSY = Gauge("agentstream_script_pool_busy", "Sandbox slots in use (saturation: busy / size).")
 SCRIPT_QUEUED = Gauge("agentstream_script_runs_queued", "Run requests received and not yet settled (this host).")
+
+
+def observe_journaled(event: Any, state: Any, was_open: Any) -> None:
+    """Counters of one journaled event (the state is already folded; events by type are counted
+    per batch, `PartitionEngine._count_journaled`)."""
+    if state.open is not None and state.open is not was_open:
+        REQUESTS_OPENED.inc()
+    if was_open is not None and state.open is None and event.type == LLM_REQUEST_SETTLED:
+        REQUESTS_SETTLED.labels(event.payload.result.status).inc()
+    if event.type == TOKEN_USAGE_REPORTED:
+        report = event.payload
+        TOKENS.labels("input").inc(report.inputTokens)
+        TOKENS.labels("output").inc(report.outputTokens)
+        TOKENS.labels("cached").inc(report.cachedInputTokens or 0)
+    elif (
+        event.type == CONTEXT_ADDED
+        and event.payload.compaction is not None
+        and state.compacted_through >= (event.payload.compaction.replacesHistoryThrough)
+    ):
+        COMPACTIONS.inc()

@@ -12,31 +12,39 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
-from jinja2 import Environment, FileSystemLoader
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
-from starlette.types import Receive, Send
 
 from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import Problem, prepare_submission
-from pipeline.gateway.console.guards import LiveStreamSlots, RateLimiter, foreign_sign_in, retry_after
-from pipeline.gateway.console.mirror import JournalMirror, MirroredStream
-from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, Session, SessionBook, csrf_ok
+from pipeline.gateway.console.core import (
+    AGENTS_PAGE,
+    COALESCE_S,
+    FETCH_HEADER,
+    HERE,
+    JOURNAL_PAGE,
+    KEEPALIVE_S,
+    LIVE_STREAM_S,
+    POLICIES,
+    Console,
+    Refused,
+    Viewer,
+)
+from pipeline.gateway.console.guards import foreign_sign_in, retry_after
+from pipeline.gateway.console.mirror import MirroredStream
+from pipeline.gateway.console.responses import LiveStream, SecurityHeaders
+from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, csrf_ok
 from pipeline.gateway.console.views import (
-    STATUS_LABELS,
     agent_row,
     cached_prefix,
     cached_share,
     event_view,
-    explain_turn,
     filter_rows,
     journal_page,
     previous_request,
@@ -46,145 +54,8 @@ from pipeline.gateway.console.views import (
 from pipeline.gateway.guards import add_connection_handlers
 from pipeline.gateway.service import ApiError, Gateway
 from pipeline.gateway.tokens import hash_token
-from processors.gate import Claims, in_scope
-from processors.render import as_of_request, render_messages, render_request
 from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
 from schemas.requests import TRANSPORTS, Transport
-
-HERE = Path(__file__).resolve().parent
-JOURNAL_PAGE = 50
-AGENTS_PAGE = 100
-LIVE_STREAM_S = 60.0  # an event stream ends after this; the browser reconnects (and a shutdown never waits long)
-KEEPALIVE_S = 15.0
-COALESCE_S = 0.2
-POLICIES = ("after-current-request", "interrupt-current-request", "dont-trigger-request")
-FETCH_HEADER = "x-console-fetch"
-
-SECURITY_HEADERS = {
-    # No inline script or style at all: model and user text can never become code.
-    "content-security-policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
-    ),
-    "x-content-type-options": "nosniff",
-    "x-frame-options": "DENY",
-    # The console's URLs name streams: never sent to other sites. Same-origin requests keep their
-    # Origin (with no-referrer a browser posts `Origin: null`) for the sign-in's origin check.
-    "referrer-policy": "same-origin",
-    "cache-control": "no-store",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Viewer:
-    claims: Claims
-    session: Session
-    session_id: str
-
-    def sees(self, path: str) -> bool:
-        return in_scope(path, self.claims.scope)
-
-
-class Refused(Exception):
-    """Answered as a page (or JSON for scripts): not signed in, not found, bad form."""
-
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.headers = headers or {}
-
-
-class Console:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.settings = gateway.settings
-        self.mirror = JournalMirror(gateway.settings, gateway.topics.journal)
-        self.sessions = SessionBook(per_token=gateway.settings.gateway_console_sessions_per_token)
-        self.sign_ins_by_token = RateLimiter(gateway.settings.gateway_console_sign_in_rate_per_token)
-        self.sign_ins_by_address = RateLimiter(gateway.settings.gateway_console_sign_in_rate_per_address)
-        self.live_streams = LiveStreamSlots(
-            gateway.settings.gateway_console_live_streams_per_session, gateway.settings.gateway_console_live_streams
-        )
-        self.templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
-        self.templates.filters["q"] = lambda params: urlencode({k: v for k, v in params.items() if v is not None})
-
-    def close(self) -> None:
-        self.mirror.close()
-
-    # --- who is asking ---------------------------------------------------------------------------
-
-    def viewer(self, request: Request) -> Viewer | None:
-        session_id = request.cookies.get(COOKIE)
-        session = self.sessions.get(session_id)
-        if session is None or session_id is None:
-            return None
-        claims = self.gateway.tokens.claims(session.token)
-        if claims is None:  # revoked or removed from the tokens file: the session ends with it
-            self.sessions.close(session_id)
-            return None
-        self.mirror.ensure_started(asyncio.get_running_loop())
-        return Viewer(claims, session, session_id)
-
-    def entry_or_refuse(self, viewer: Viewer, path: str | None) -> str:
-        """`path` if the viewer may see it and it has events; the same 404 otherwise, so a token
-        outside the scope cannot even learn that a stream exists."""
-        if not path or not viewer.sees(path) or self.mirror.read(path, lambda _: True) is None:
-            raise Refused(404, "no stream with this path in your token's scope (or none yet)")
-        return path
-
-    # --- rendering -------------------------------------------------------------------------------
-
-    def page(self, template: str, viewer: Viewer | None, http_status: int = 200, **context: Any) -> HTMLResponse:
-        html = self.templates.get_template(template).render(
-            viewer=viewer,
-            csrf=viewer.session.csrf if viewer else "",
-            mirror=self.mirror,
-            status_labels=STATUS_LABELS,
-            **context,
-        )
-        return HTMLResponse(html, http_status)
-
-    def status_context(self, path: str) -> dict[str, Any]:
-        now_ms = int(time.time() * 1000)
-
-        def view(entry: MirroredStream) -> dict[str, Any]:
-            return {
-                "row": agent_row(path, entry.state),
-                "turn": explain_turn(entry.state, now_ms, self.settings.default_model, entry.pause_reason),
-                "paused": entry.state.paused,
-            }
-
-        context = self.mirror.read(path, view)
-        assert context is not None
-        return {"path": path, **context}
-
-    async def rendered_request(
-        self, path: str, offset: int, transport: Transport
-    ) -> tuple[list[dict[str, Any]], str, str] | None:
-        """(messages, model, createdAt) of request `offset` as the model saw it, or None."""
-
-        def view(entry: MirroredStream) -> tuple[list[dict[str, Any]] | None, str, str] | None:
-            info = entry.requests.get(offset)
-            if info is None:
-                return None
-            as_of = as_of_request(entry.state, offset)  # exact unless a compaction came after it
-            budget = self.settings.render_budget_for(info.model)
-            messages = None if as_of is None else render_messages(as_of, transport, info.created_at, budget)
-            return messages, info.model, info.created_at
-
-        found = self.mirror.read(path, view)
-        if found is None:
-            return None
-        messages, model, created_at = found
-        if messages is None:  # re-fold the journal up to the request, as `agentstream agent request` does
-            events = await self.mirror.events(path, list(range(1, offset + 1)))
-            if not events or events[-1].offset != offset:
-                return None
-            request = events[-1]
-            budget = self.settings.render_budget_for(request.payload.model)
-            messages = render_request(events, request, transport, budget)
-        return messages, model, created_at
 
 
 def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
@@ -549,40 +420,3 @@ def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
         return await append(request, viewer, form, body)
 
     return app, console
-
-
-class LiveStream(StreamingResponse):
-    """An event stream that gives back what it holds (its mirror subscription, its slot) however it
-    ends: finished, cancelled by the client's disconnect, or never started at all (the generator's
-    own `finally` would not run if it never started)."""
-
-    def __init__(self, content: AsyncIterator[bytes], *, on_end: Callable[[], None], **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self._on_end = on_end
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_end()
-
-
-class SecurityHeaders:
-    """Adds the content-security policy and friends to every console response (static files too)."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def with_headers(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.decode().lower() not in SECURITY_HEADERS]
-                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
