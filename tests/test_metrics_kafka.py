@@ -80,9 +80,8 @@ def test_counters_move_after_a_turn(tmp_path: Path) -> None:
             assert value(samples, "agentstream_tokens_total", kind="output") == 7
             assert value(samples, "agentstream_open_requests") == 0
             assert value(samples, "agentstream_render_seconds_count") == 1
-            assert (
-                value(samples, "agentstream_fold_seconds_count") >= 1
-            )  # one command in 16 is timed, the first one too
+            # One command in 16 is timed, the first one too.
+            assert value(samples, "agentstream_fold_seconds_count") >= 1
             caller = scrape(caller_port)
             assert value(caller, "agentstream_provider_request_seconds_count", outcome="succeeded") == 1
         finally:
