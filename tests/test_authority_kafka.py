@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from pipeline import base_policy
 from pipeline.client import AppendRejected
 from pipeline.journal.engine import H_REASON
 from processors.reducer import fold_all
@@ -31,13 +30,12 @@ from schemas.events import (
 )
 from schemas.routing import AGENT_SUBSCRIBED
 from tests.gateway_server import GatewayServer, Tokens
-from tests.kafka_stack import Stack, ensure_broker, wait_until
-from tests.support.scripted_llm import ScriptedLLM
+from tests.kafka_stack import Stack, wait_until
+from tests.support.scripted_stack import birth, scripted_stack
 from tests.support.tagged_model import TaggedReplies, script
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
 
-MODEL = "scripted"
 REPLIES = TaggedReplies()
 
 
@@ -49,12 +47,8 @@ class Env:
 
     def birth(self, path: str, *config: dict[str, Any]) -> None:
         """An agent at `path`: the same two events `agents.create()` appends, then its configuration."""
+        birth(self.stack, path)
         agent = self.stack.client.agents.get(path)
-        agent.append({"type": AGENT_CREATED, "payload": {}, "idempotencyKey": "agent/created"}).wait(timeout=60)
-        system = {"role": "system", "content": base_policy.TEXT, "key": base_policy.SYSTEM_PROMPT_KEY}
-        agent.append({"type": CONTEXT_ADDED, "payload": system, "idempotencyKey": base_policy.IDEMPOTENCY_KEY}).wait(
-            timeout=60
-        )
         for patch in config:
             agent.append({"type": AGENT_CONFIGURED, "payload": {"config": patch}}).wait(timeout=60)
 
@@ -87,16 +81,8 @@ def user_message(text: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("authority")
-    with ScriptedLLM(model=MODEL, default=REPLIES) as llm:
-        stack = Stack(
-            root / "data",
-            openai_base_url=llm.base_url,
-            openai_api_key="sk-test",
-            llm_transport="openai-compatible",
-            llm_model=MODEL,
-        )
+    with scripted_stack(root, REPLIES) as stack:
         tokens = Tokens(root / "tokens.yaml")
         issued = {
             "platform": tokens.add("platform", "/**"),
@@ -104,16 +90,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
             "integration": tokens.add("integration", "/integrations/**"),
             "platform-integrations": tokens.add("platform", "/integrations/**"),
         }
-        try:
-            stack.start_worker()
-            stack.start_caller()
-            stack.start_capabilities(concurrency=2)
-            stack.start_router()
-            with GatewayServer(stack.settings, tokens.path) as gateway:
-                gateway.wait_ready()
-                yield Env(stack, gateway, issued)
-        finally:
-            stack.close()
+        stack.start_worker()
+        stack.start_caller()
+        stack.start_capabilities(concurrency=2)
+        stack.start_router()
+        with GatewayServer(stack.settings, tokens.path) as gateway:
+            gateway.wait_ready()
+            yield Env(stack, gateway, issued)
 
 
 # --- finding 1: scripts ignored every scope ---------------------------------------------------------

@@ -25,16 +25,15 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from pipeline.client import birth_commands
 from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
 from tests.gateway_server import GatewayServer, Tokens
-from tests.kafka_stack import BIN, Stack, ensure_broker
-from tests.support.scripted_llm import Reply, ScriptedLLM
+from tests.kafka_stack import BIN, Stack
+from tests.support.scripted_llm import Reply
+from tests.support.scripted_stack import MODEL, birth, scripted_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
-MODEL = "scripted"
 REPLIES = TaggedReplies()
 TOOLS = {"list_agents", "create_agent", "send_message", "read_context", "read_events"}
 
@@ -84,36 +83,23 @@ class Env:
 
     def birth(self, path: str) -> None:
         """An agent at `path`, made with the two events `agents.create()` appends."""
-        agent = self.stack.client.agents.get(path)
-        for command in birth_commands():
-            agent.append(command).wait(timeout=60)
+        birth(self.stack, path)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("mcp")
-    with ScriptedLLM(model=MODEL, default=REPLIES) as llm:
-        stack = Stack(
-            root / "data",
-            openai_base_url=llm.base_url,
-            openai_api_key="sk-test",
-            llm_transport="openai-compatible",
-            llm_model=MODEL,
-        )
+    with scripted_stack(root, REPLIES) as stack:
         tokens = Tokens(root / "tokens.yaml")
         issued = {
             "platform": tokens.add("platform", "/**"),
             "alice": tokens.add("user", "/agents/alice/**", userId="alice"),
         }
-        try:
-            stack.start_worker()
-            stack.start_caller()
-            with GatewayServer(stack.settings, tokens.path) as gateway:
-                gateway.wait_ready()
-                yield Env(stack, gateway, tokens, issued, root)
-        finally:
-            stack.close()
+        stack.start_worker()
+        stack.start_caller()
+        with GatewayServer(stack.settings, tokens.path) as gateway:
+            gateway.wait_ready()
+            yield Env(stack, gateway, tokens, issued, root)
 
 
 def tag() -> str:
