@@ -315,24 +315,3 @@ def test_down_with_nothing_running_says_so(monkeypatch: pytest.MonkeyPatch, tmp_
         assert capsys.readouterr().out.strip() == "stopped worker-journal"
     finally:
         fake.kill()
-
-
-def test_dlq_reason_labels_are_all_in_the_readme() -> None:
-    """Finding: the README's metric table missed `misrouted` (and the labels being added)."""
-    from pipeline.metrics import DLQ_REASON_LABELS, dlq_reason_label
-
-    samples = {
-        "not an append command: streamPath: missing": "not_a_command",
-        "idempotency key 'k' already names a different event at @3": "idempotency_conflict",
-        "record key b'x' is not the streamPath '/a'": "misrouted",
-        "/a belongs to partition 1, not 0: key appends by stream path": "misrouted",
-        "too_large: the command is 2000000 bytes, over maxEventBytes (921600)": "too_large",
-        "forbidden: events.iterate.com/llm-request/requested is written by the workers": "forbidden",
-        "internal_error: KeyError: 'x'": "internal_error",
-        "payload.role: Input should be 'user'": "invalid_payload",
-    }
-    assert {reason: dlq_reason_label(reason) for reason in samples} == samples
-    assert set(samples.values()) == set(DLQ_REASON_LABELS)
-    readme = (REPO / "README.md").read_text()
-    (row,) = [line for line in readme.splitlines() if line.startswith("| `agentstream_dlq_records_total`")]
-    assert all(f"`{label}`" in row for label in DLQ_REASON_LABELS), row
