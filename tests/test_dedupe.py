@@ -2,59 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from processors import rows
 from processors.dedupe import dedupe_rows
-from processors.journal import Duplicate, Journaled, journal_command
-from processors.state import AgentState, SourceOffsets
-from schemas.events import CONTEXT_ADDED, AppendCommand
-
-PATH = "/agents/a"
-
-
-class Stream:
-    """One stream journaled as the worker does, its rows in a dict."""
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self.state = AgentState(stream_path=PATH)
-        self.rows: dict[bytes, bytes] = {}
-        self.now_ms = 1_796_000_000_000
-
-    def send(self, content: str, *, append_id: str | None = None, key: str | None = None) -> Any:
-        command: dict[str, Any] = {
-            "streamPath": PATH,
-            "type": CONTEXT_ADDED,
-            "payload": {"role": "user", "content": content},
-        }
-        if append_id is not None:
-            command["appendId"] = append_id
-        if key is not None:
-            command["idempotencyKey"] = key
-        self.now_ms += 1000
-        outcome = journal_command(
-            self.state,
-            AppendCommand.model_validate(command),
-            now_ms=self.now_ms,
-            sources=SourceOffsets(),
-            read=self.rows.get,
-            append_id_window=self.window,
-        )
-        if isinstance(outcome, Journaled):
-            for row_key, value in outcome.rows:
-                if value is None:
-                    self.rows.pop(row_key, None)
-                else:
-                    self.rows[row_key] = value
-        return outcome
-
-    def count(self, kind: bytes) -> int:
-        return sum(1 for key in self.rows if key.startswith(kind + rows.SEP))
+from processors.journal import Duplicate, Journaled
+from schemas.events import CONTEXT_ADDED
+from tests.support.journal_stream import PATH, JournaledStream
 
 
 def test_1_dedupe_an_append_id_is_a_duplicate_while_within_the_streams_last_n_events() -> None:
-    stream = Stream(window=3)
+    stream = JournaledStream(window=3)
     first = stream.send("one", append_id="send-1")
     assert isinstance(first, Journaled)
     stream.send("two")  # events without an append id count toward the window too
@@ -63,7 +19,7 @@ def test_1_dedupe_an_append_id_is_a_duplicate_while_within_the_streams_last_n_ev
 
 
 def test_1_dedupe_an_append_id_older_than_the_window_is_forgotten() -> None:
-    stream = Stream(window=3)
+    stream = JournaledStream(window=3)
     stream.send("one", append_id="send-1")  # @1, slot 1
     for n in range(2, 5):
         stream.send(f"n{n}", append_id=f"send-{n}")  # @4 takes slot 1 again: send-1 is forgotten
@@ -72,7 +28,7 @@ def test_1_dedupe_an_append_id_older_than_the_window_is_forgotten() -> None:
 
 
 def test_1_dedupe_append_id_rows_stay_within_the_window_however_many_appends() -> None:
-    stream = Stream(window=5)
+    stream = JournaledStream(window=5)
     for n in range(200):
         stream.send(f"n{n}", append_id=f"send-{n}")
     assert stream.count(rows.APPEND_ID) == 5 and stream.count(rows.APPEND_SLOT) == 5
@@ -81,7 +37,7 @@ def test_1_dedupe_append_id_rows_stay_within_the_window_however_many_appends() -
 
 
 def test_1_an_idempotency_key_names_its_event_forever_whatever_the_window() -> None:
-    stream = Stream(window=2)
+    stream = JournaledStream(window=2)
     first = stream.send("keyed", key="web/msg/1")
     for n in range(20):
         stream.send(f"n{n}", append_id=f"send-{n}")

@@ -39,7 +39,7 @@ from schemas.events import (
     AppendCommand,
     parse_consumed_input,
 )
-from schemas.requests import COMPACTION_INSTRUCTION, Message
+from schemas.requests import COMPACTION_INSTRUCTION
 from tests.kafka_stack import BOOTSTRAP, REPO, Stack, ensure_broker, wait_until
 from tests.support.scripted_llm import (
     LLAMA_CPP_DEVELOPER_BODY,
@@ -52,7 +52,6 @@ from tests.support.scripted_llm import (
     ScriptedLLM,
     SlowStream,
     last_user_text,
-    overflow_response,
     prompt_tokens,
 )
 
@@ -222,178 +221,6 @@ def by_tag(table: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
 
 def requests_for(llm: ScriptedLLM, tag: str) -> list[Any]:
     return [r for r in llm.records if r.body and last_user_text(r.body).endswith(tag)]
-
-
-# --- pure outcome decisions ----------------------------------------------------------------------
-
-
-def test_usage_normalizes_both_shapes() -> None:
-    """§4.3: usage in the chat or the responses shape becomes the same report fields."""
-    chat = {
-        "prompt_tokens": 20,
-        "completion_tokens": 4,
-        "prompt_tokens_details": {"cached_tokens": 8},
-        "completion_tokens_details": {"reasoning_tokens": 1},
-    }
-    responses = {
-        "prompt_tokens": None,
-        "input_tokens": 20,
-        "output_tokens": 4,
-        "input_tokens_details": {"cached_tokens": 8},
-        "output_tokens_details": {"reasoning_tokens": 1},
-    }
-    expected = {"inputTokens": 20, "outputTokens": 4, "cachedInputTokens": 8, "reasoningOutputTokens": 1}
-    assert llm_outcomes.normalize_usage(chat) == expected
-    assert llm_outcomes.normalize_usage(responses) == expected
-    assert llm_outcomes.normalize_usage({"prompt_tokens": 3}) is None
-    assert llm_outcomes.normalize_usage({"input_tokens": True, "output_tokens": 1}) is None
-    assert llm_outcomes.normalize_usage(None) is None
-
-
-def test_failure_text_says_retrying_or_giving_up() -> None:
-    """§4.3: the error event names the attempt and whether the agent retries."""
-    first, last = llm_outcomes.failed(9, 1, 3, "boom\nbang"), llm_outcomes.failed(9, 3, 3, "boom")
-    assert first[0].payload == {"requestOffset": 9, "result": {"status": "failed", "errorMessage": "boom bang"}}
-    assert first[1].payload["message"] == "LLM request @9 failed (attempt 1 of 3): boom bang. Retrying."
-    assert (
-        last[1].payload["message"]
-        == "LLM request @9 failed (attempt 3 of 3): boom. Giving up; a new message starts fresh."
-    )
-    assert [a.idempotencyKey for a in first] == ["agent/request/9/settled", "agent/request/9/error"]
-
-
-def test_secrets_never_reach_the_journal_error_text_is_scrubbed() -> None:
-    """Secrets never reach the journal: the configured key, authorization header values, bearer
-    tokens, `sk-` keys (also a provider's masked echo of one) and URL credentials are scrubbed."""
-    text = (
-        "Incorrect API key provided: sk-proj-****************************wxyz. "
-        f'request headers: {{"Authorization": "Bearer {API_KEY}", "x-api-key": "k-123456"}} '
-        "via https://bob:hunter2@proxy.local/v1?key=AIzaSy12345 with my-own-secret-key-1"
-    )
-    assert llm_outcomes.scrub(text, ["my-own-secret-key-1", None]) == (
-        "Incorrect API key provided: [redacted]. "
-        'request headers: {"Authorization": "[redacted]", "x-api-key": "[redacted]"} '
-        "via https://[redacted]@proxy.local/v1?key=[redacted] with [redacted]"
-    )
-    assert llm_outcomes.scrub(llm_outcomes.scrub(text)) == llm_outcomes.scrub(text)  # scrubbing twice changes nothing
-    # Text without credentials stays as it is; a placeholder key ("local") is not hunted for.
-    plain = "the local model is short of context: ask-me, risk-free, sk-learn, Bearer of news"
-    assert llm_outcomes.scrub(plain, ["local"]) == plain
-    # The failed settlement and its error event scrub too, whatever they are handed.
-    appends = llm_outcomes.failed(4, 1, 3, f"HTTP 401 from the provider: Authorization: Bearer {API_KEY}")
-    assert API_KEY not in json.dumps([a.event() for a in appends])
-    assert appends[0].payload["result"]["errorMessage"] == "HTTP 401 from the provider: Authorization: [redacted]"
-
-
-def test_context_overflow_is_recognised_in_each_servers_words() -> None:
-    """Context that outgrows the model: llama-cpp-python's, OpenAI's and llama.cpp's HTTP 400 for a
-    request over the window are overflows (with the window over the request size when they say
-    it); other client errors, rate limits and server errors are not."""
-    body = {"messages": [{"role": "user", "content": "x" * 4000}], "max_tokens": 64}
-    ratios = {"llama-cpp-python": 500 / 1064, "openai": 500 / 1064, "llama.cpp": 500 / 1000}
-    for style, ratio in ratios.items():
-        refused = overflow_response(style, 500, body)
-        assert refused is not None and overflow_response(style, 5000, body) is None
-        inner = refused["error"]
-        text = f"HTTP 400 from the provider: {inner['message']}"
-        assert llm_outcomes.is_context_overflow(400, inner, text), style  # the SDK hands over `error`
-        assert llm_outcomes.is_context_overflow(400, refused, text), style
-        assert llm_outcomes.overflow_ratio(inner, text) == pytest.approx(ratio), style
-    # A server that sets no code, in words only.
-    assert llm_outcomes.is_context_overflow(
-        400, None, "HTTP 400 from the provider: the request exceeds the available context size, try increasing it"
-    )
-    assert llm_outcomes.overflow_ratio(None, "no numbers here") is None
-    not_overflows = [
-        (400, {"message": "The model `x` does not exist", "code": "model_not_found"}),
-        (429, {"message": "Rate limit reached for tokens per min; maximum context length", "code": "rate_limit"}),
-        (500, {"message": "This model's maximum context length is 8 tokens", "code": "context_length_exceeded"}),
-        (None, None),
-    ]
-    for status, error in not_overflows:
-        text = str(error and error["message"])
-        assert not llm_outcomes.is_context_overflow(status, error, text), (status, error)
-
-
-def test_overflow_summary_calls_leave_out_only_the_oldest_history() -> None:
-    """The summary calls after an overflow keep the system messages and the last ones, leave out
-    more of the oldest history each time (the last call all it may), and say what they left out."""
-    history = [
-        Message(role="user" if i % 2 == 0 else "assistant", content=f"@{10 + i}\nturn {i} " + "y" * 400)
-        for i in range(10)
-    ]
-    head = [Message(role="system", content="protocol"), Message(role="system", content="@2\nbe terse")]
-    tail = [Message(role="user", content="@30\nwhat now?"), Message(role="system", content="Current date")]
-    messages = [*head, *history, *tail]
-    calls = llm_outcomes.summary_calls(messages, "openai-compatible", None)
-    assert 1 < len(calls) <= llm_outcomes.MAX_SUMMARY_CALLS
-    assert [c.dropped for c in calls] == sorted({c.dropped for c in calls})  # strictly more each time
-    assert calls[-1].dropped == len(history)
-    for call in calls:
-        sent = call.messages
-        assert sent[:2] == [{"role": "system", "content": "protocol"}, {"role": "system", "content": "@2\nbe terse"}]
-        assert sent[-3:] == [
-            {"role": "user", "content": "@30\nwhat now?"},
-            {"role": "system", "content": "Current date"},
-            {"role": "system", "content": COMPACTION_INSTRUCTION},
-        ]
-        assert (call.dropped_from, call.dropped_to) == (10, 10 + call.dropped - 1)
-        assert sent[2] == {
-            "role": "system",
-            "content": f"[{call.dropped} older messages (@10 to @{call.dropped_to}) are left out here: "
-            "with them the request exceeds the model's context window.]",
-        }
-        assert sent[3:-3] == llm_outcomes.provider_messages(history[call.dropped :])
-    # The provider's numbers aim the first call: a request 10 % over keeps more than a blind half.
-    aimed = llm_outcomes.summary_calls(messages, "openai", 1 / 1.1)
-    assert aimed[0].dropped < calls[0].dropped
-    assert aimed[0].messages[2]["role"] == "developer"  # the openai transport keeps the role
-
-
-def test_overflow_outcome_is_the_summary_then_a_failed_settlement_that_retries() -> None:
-    """Context that outgrows the model: the summary item replaces history through R (key derived
-    from R), then R settles failed saying the context was compacted and the request is retried (an
-    agent-loop trigger); at the last attempt it says it gives up. No summary: only the failure."""
-    call = llm_outcomes.SummaryCall([], dropped=3, dropped_from=5, dropped_to=9)
-    usage = {"inputTokens": 90, "outputTokens": 12}
-    error = "HTTP 400 from the provider: too long"
-    summary, settled, stream_error = llm_outcomes.overflow_compacted(12, 1, 3, error, "Plan B (@6).", usage, call)
-    assert (summary.type, summary.idempotencyKey) == (CONTEXT_ADDED, "agent/compact-context@overflow-12")
-    assert summary.payload == {
-        "role": "developer",
-        "content": "[Earlier conversation history was compacted through @12 because request @12 exceeded the "
-        "model's context window; the 3 oldest messages, @5 to @9, did not fit in the summary call and are not "
-        "summarized. Summary:]\n\nPlan B (@6).",
-        "compaction": {"replacesHistoryThrough": 12, "usage": usage},
-        "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
-    }
-    why = (
-        "the request exceeded the model's context window, so the context was compacted through @12 and the "
-        "request will be retried (HTTP 400 from the provider: too long)"
-    )
-    assert settled.event() == {
-        "type": LLM_REQUEST_SETTLED,
-        "payload": {"requestOffset": 12, "result": {"status": "failed", "errorMessage": why}},
-        "idempotencyKey": "agent/request/12/settled",
-    }
-    assert stream_error.payload["message"] == f"LLM request @12 failed (attempt 1 of 3): {why}. Retrying."
-    whole = llm_outcomes.overflow_compacted(12, 3, 3, error, "Plan B.", None, llm_outcomes.SummaryCall([]))
-    assert (
-        whole[0]
-        .payload["content"]
-        .startswith(
-            "[Earlier conversation history was compacted through @12 because request @12 exceeded the model's "
-            "context window. Summary:]"
-        )
-    )
-    assert "retried" not in whole[1].payload["result"]["errorMessage"]
-    assert whole[2].payload["message"].endswith("Giving up; a new message starts fresh.")
-    failed_too = llm_outcomes.overflow_not_compacted(12, 1, 3, error, "HTTP 500 from the provider: down")
-    assert [a.idempotencyKey for a in failed_too] == ["agent/request/12/settled", "agent/request/12/error"]
-    assert failed_too[0].payload["result"]["errorMessage"] == (
-        "the request exceeded the model's context window and compacting the context failed (HTTP 500 from the "
-        "provider: down); the request's error: HTTP 400 from the provider: too long"
-    )
 
 
 # --- the worker ------------------------------------------------------------------------------------

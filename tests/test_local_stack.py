@@ -12,8 +12,11 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import socket
 import stat
+import subprocess
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -26,6 +29,7 @@ import pytest
 from pipeline.dev import demo, local_stack
 from pipeline.gateway.tokens import TokenBook
 from pipeline.settings import Settings
+from tests.kafka_stack import REPO, wait_until
 
 PROCESS_NAMES = ["worker-journal", "worker-caller", "worker-capabilities", "worker-router", "gateway"]
 
@@ -264,8 +268,6 @@ def _post(url: str, token: str, body: str) -> tuple[int, dict[str, Any]]:
 @pytest.mark.kafka
 @pytest.mark.timeout(400)
 def test_processes_start_answer_through_the_gateway_and_stop(isolated_env: Settings) -> None:
-    from tests.kafka_stack import wait_until
-
     settings = isolated_env
     local_stack.ensure_topics_now()  # as `up` does, with this test's prefix
     said: list[str] = []
@@ -301,3 +303,36 @@ def test_processes_start_answer_through_the_gateway_and_stop(isolated_env: Setti
         assert pid is not None and not local_stack._running(pid), name
         assert not (local_stack.RUN_DIR / f"{name}.pid").exists()
     assert local_stack.down(PROCESS_NAMES, say=stopped.append) == []
+
+
+def test_down_with_nothing_running_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: Any) -> None:
+    """Finding: `agentstream down` claimed to stop the broker and model when nothing ran.
+
+    The stack's real stop scripts run from a copy of the repository layout, so the shared broker
+    and any engineer's workers stay untouched.
+    """
+    from pipeline import cli
+    from pipeline.dev import local_stack
+
+    scripts = tmp_path / "repo" / "scripts"
+    for name in ("kafka/stop.sh", "kafka/common.sh", "model/stop.sh"):
+        (scripts / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "scripts" / name, scripts / name)
+    monkeypatch.setattr(local_stack, "SCRIPTS", scripts)
+    monkeypatch.setattr(local_stack, "RUN_DIR", tmp_path / "repo" / ".local" / "run")
+
+    assert cli.main(["down"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == "nothing was running (no live pid files under .local/)", out
+
+    # A worker that does run is stopped and named, and then nothing else is claimed.
+    fake = subprocess.Popen(["bash", "-c", "exec -a agentstream-fake-worker sleep 60"])
+    threading.Thread(target=fake.wait, daemon=True).start()  # reaped at once: a zombie would look alive
+    local_stack.RUN_DIR.mkdir(parents=True)
+    (local_stack.RUN_DIR / "worker-journal.pid").write_text(str(fake.pid))
+    wait_until(lambda: b"agentstream" in Path(f"/proc/{fake.pid}/cmdline").read_bytes(), 10, "the fake worker")
+    try:
+        assert cli.main(["down"]) == 0
+        assert capsys.readouterr().out.strip() == "stopped worker-journal"
+    finally:
+        fake.kill()

@@ -27,15 +27,6 @@ def prefix() -> Iterator[str]:
     delete_topics(BOOTSTRAP, [spec.name for spec in topic_specs(prefix)])
 
 
-def test_topic_set_shares_one_partition_count_and_keeps_the_journal_forever() -> None:
-    specs = {spec.name: spec for spec in topic_specs("p-", partitions=6)}
-    names = topic_names("p-")
-    keyed = [names.appends, names.journal, names.llm_requests]
-    assert {specs[name].partitions for name in keyed} == {6}
-    journal = specs[names.journal].configs
-    assert journal == {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
-
-
 def test_ensure_topics_creates_missing_topics_with_their_configs_then_is_idempotent(prefix: str) -> None:
     specs = topic_specs(prefix, partitions=3)
     assert sorted(ensure_topics(BOOTSTRAP, specs)) == sorted(spec.name for spec in specs)

@@ -10,12 +10,10 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 
-from pipeline.settings import Settings, SettingsError
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import Stack, ensure_broker, wait_until
 
@@ -86,15 +84,3 @@ def test_worker_web_serves_status_but_no_table_rows_on_loopback_only(stack: Stac
     if address is not None:  # bound to 127.0.0.1: another address of this host gets no answer
         with pytest.raises(ConnectionRefusedError), socket.create_connection((address, stack.settings.worker_port), 2):
             pass
-
-
-def test_worker_bind_is_a_setting_with_a_loopback_default(tmp_path: Path) -> None:
-    assert Settings.from_env({}).worker_bind == "127.0.0.1"
-    assert Settings.from_env({"AGENTSTREAM_WORKER_BIND": "0.0.0.0"}).worker_bind == "0.0.0.0"
-    from pipeline.journal.worker import build_app
-
-    app = build_app(Settings.from_env({}, data_dir=tmp_path, worker_bind="::1"))
-    assert app.conf.web_bind == "::1"
-    assert not app.conf.web_tables_enabled and not app.conf.web_router_enabled
-    with pytest.raises(SettingsError):
-        Settings.from_env({}, worker_bind="")
