@@ -113,3 +113,23 @@ def test_6_8_every_key_the_system_mints_is_reserved() -> None:
     assert all(keys.is_reserved(key) for key in minted), [key for key in minted if not keys.is_reserved(key)]
     assert keys.script_call_key("/agents/a", "agent-output:5", 1, "/agents/a").startswith("capability-host/")
     assert not keys.is_reserved("agents/1") and not keys.is_reserved(None)
+
+
+def test_a_route_key_of_exactly_512_characters_is_kept_and_one_of_513_names_a_digest() -> None:
+    """§1: an idempotency key is 1-512 characters. `route/<source>@<offset>` is kept as it is up to
+    512 characters; only a longer one names a digest of the source path."""
+    source = "/" + "s" * 500  # route/ (6) + 501 + @ + 4 digits = 512
+    assert keys.route_key(source, 1000) == f"route/{source}@1000"
+    assert len(keys.route_key(source, 1000)) == 512
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    assert keys.route_key(source, 10000) == f"route/sha256:{digest}@10000"  # 513 characters as it is
+
+
+def test_a_script_call_key_of_exactly_512_characters_is_kept_and_one_of_513_names_a_digest() -> None:
+    source = "/" + "s" * 466  # capability-host/from (20) + 467 + /agent-output:7 (15) + /call-1234 (10) = 512
+    execution = "agent-output:7"
+    exact = keys.script_call_key(source, execution, 1234, "/agents/b")
+    assert exact == f"capability-host/from{source}/{execution}/call-1234" and len(exact) == 512
+    over = keys.script_call_key(source, execution, 12345, "/agents/b")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:32]
+    assert over == f"capability-host/from-sha256:{digest}/{execution}/call-12345"

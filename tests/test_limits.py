@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -194,6 +195,70 @@ def test_nesting_deeper_than_the_limit_is_invalid_with_a_clear_reason() -> None:
     for _ in range(MAX_JSON_DEPTH - 2):
         shallow = [shallow]
     assert number_problem({"x": shallow}) is None
+
+
+def nested_payload(levels: int) -> dict[str, Any]:
+    """A payload `levels` objects deep: `{}` is one level, `{"a": {}}` two."""
+    payload: dict[str, Any] = {}
+    for _ in range(levels - 1):
+        payload = {"a": payload}
+    return payload
+
+
+def test_5_1_2_a_payload_may_nest_exactly_128_levels_and_not_129() -> None:
+    """§5.1.2: "A payload may nest at most 128 levels deep", for the command and the journaled event."""
+    assert number_problem(nested_payload(128)) is None
+    assert number_problem(nested_payload(129)) == "nested deeper than 128 levels; flatten the payload"
+    command = {"streamPath": "/a", "type": "com.example/deep"}
+    AppendCommand.model_validate_json(orjson.dumps({**command, "payload": nested_payload(128)}))
+    with pytest.raises(ValueError, match="nested deeper than 128 levels"):
+        AppendCommand.model_validate_json(orjson.dumps({**command, "payload": nested_payload(129)}))
+    event = {**command, "offset": 1, "createdAt": "2026-12-02T10:13:51.123Z"}
+    assert decode_event(orjson.dumps({**event, "payload": nested_payload(128)})).offset == 1
+    with pytest.raises(ValueError, match="nested deeper than 128 levels"):
+        decode_event(orjson.dumps({**event, "payload": nested_payload(129)}))
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [(b"-9223372036854775808", -(2**63)), (b"18446744073709551615", 2**64 - 1)],
+)
+def test_5_1_2_the_ends_of_the_range_minus_2_63_and_2_64_minus_1_are_kept_exactly(raw: bytes, value: int) -> None:
+    """§5.1.2: integers inside -2^63 ... 2^64 - 1 are kept exactly, from JSON and from Python."""
+    command = AppendCommand.model_validate_json(
+        b'{"streamPath":"/a","type":"com.example/n","payload":{"n":' + raw + b"}}"
+    )
+    assert command.payload["n"] == value
+    assert orjson.dumps(command.payload) == b'{"n":' + raw + b"}"
+    assert AppendCommand.model_validate({"streamPath": "/a", "type": "t", "payload": {"n": value}}).payload == {
+        "n": value
+    }
+    assert number_problem({"n": value}) is None
+
+
+@pytest.mark.parametrize("value", [-(2**63) - 1, 2**64])
+def test_5_1_2_one_beyond_either_end_is_invalid(value: int) -> None:
+    assert number_problem({"n": [value]}) == (
+        f"n[0]: integer of {len(str(abs(value)))} digits is outside the interoperable range -2^63..2^64-1; "
+        "send it as a string"
+    )
+    with pytest.raises(ValueError, match="n: integer of"):
+        AppendCommand.model_validate({"streamPath": "/a", "type": "t", "payload": {"n": value}})
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_5_1_2_non_finite_floats_are_invalid_naming_the_field(value: float) -> None:
+    with pytest.raises(ValueError, match=r"n: .* is not a finite number"):
+        AppendCommand.model_validate({"streamPath": "/a", "type": "t", "payload": {"n": value}})
+
+
+def test_5_1_1_a_segment_of_exactly_128_characters_and_a_path_of_exactly_512_are_valid() -> None:
+    """§5.1.1: "A segment is 1-128 characters ... The whole path is at most 512 characters"."""
+    assert path_problem("/" + "s" * 128) is None
+    assert path_problem("/" + "s" * 129) is not None
+    exactly_512 = "/" + "s" * 127 + "/" + "t" * 127 + "/" + "u" * 127 + "/" + "v" * 127
+    assert len(exactly_512) == 512 and path_problem(exactly_512) is None
+    assert path_problem(exactly_512 + "w") == "stream path is 513 characters, over 512"
 
 
 # --- who may write what ----------------------------------------------------------------------------

@@ -146,6 +146,20 @@ def test_2_3_system_slot_published_by_compaction_cutoff_appends_with_updates() -
     assert lane(state, "system") == [(p, "v1", None), (n, "v2", p)]
 
 
+def test_2_3_system_slot_exactly_at_the_compaction_cutoff_is_published_so_the_next_appends_an_update() -> None:
+    """§2.3 with §2.6: the compaction sets publishedThrough to C; a system item at offset C stays
+    (the system lane is not cut) and is published (`P.offset <= publishedThrough`), so the next item
+    with its key appends with `updatesOffset = P.offset` and P stays as it was."""
+    j = Journal()
+    j.user("u")
+    p = j.system("v1", key="k")
+    j.compaction(through=p)
+    n = j.system("v2", key="k")
+    state = j.fold()
+    assert state.published_through == p
+    assert lane(state, "system") == [(p, "v1", None), (n, "v2", p)]
+
+
 def test_2_3_system_slot_just_above_compaction_cutoff_is_replaced() -> None:
     j = Journal()
     c = j.user("u")
@@ -1017,6 +1031,20 @@ def test_4_5_over_threshold_report_is_remembered_until_compacted() -> None:
     assert (report.offset, report.llmRequestOffset, report.tokens, report.threshold) == (u, r, 500, 500)
     j.compaction(through=r)
     assert j.fold().over_threshold is None
+
+
+def test_4_5_the_threshold_is_the_floor_of_max_context_tokens_times_the_fraction() -> None:
+    """§4.5: `inputTokens + outputTokens >= floor(maxContextTokens * compactionTriggerFraction)`:
+    4099 * 0.5 = 2049.5, so 2049 tokens are over the threshold 2049 and 2048 are not."""
+    j = Journal()
+    j.user("hi")
+    r = j.request()
+    j.usage(r, 2000, 48, max_context_tokens=4099)
+    assert j.fold().over_threshold is None
+    u = j.usage(r, 2000, 49, max_context_tokens=4099)
+    report = j.fold().over_threshold
+    assert report is not None
+    assert (report.offset, report.tokens, report.threshold) == (u, 2049, 2049)
 
 
 def test_1_2_invalid_payload_is_skipped_without_crashing() -> None:

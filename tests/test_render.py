@@ -565,3 +565,86 @@ def test_3_3_a_past_request_renders_within_its_own_models_budget_as_the_worker_s
     state = journal.fold(through=tiny_request)
     worker = render_messages(state, "openai", events[tiny_request - 1].createdAt, settings.render_budget_for("tiny"))
     assert worker == tiny
+
+
+# --- §3.3 the size limits at their exact values --------------------------------------------------------
+
+
+def test_3_3_the_budget_limits_are_8_kib_to_4_mib_and_an_item_512_bytes_to_the_request_budget() -> None:
+    """§3.3: the request budget is "default and maximum 4 MiB, minimum 8 KiB"; one item's content
+    "default 512 KiB, at most the request budget"."""
+    assert (DEFAULT_BUDGET.request_bytes, DEFAULT_BUDGET.item_bytes) == (4_194_304, 524_288)
+    assert Settings.from_env({}).render_budget == RenderBudget(4_194_304, 524_288)
+    assert RenderBudget(request_bytes=8192, item_bytes=512).request_bytes == 8192
+    assert RenderBudget(request_bytes=4_194_304, item_bytes=4_194_304).item_bytes == 4_194_304
+    for request_bytes in (8191, 4_194_305):
+        with pytest.raises(ValueError, match="request budget"):
+            RenderBudget(request_bytes=request_bytes, item_bytes=512)
+    for item_bytes in (511, 8193):
+        with pytest.raises(ValueError, match="item budget"):
+            RenderBudget(request_bytes=8192, item_bytes=item_bytes)
+
+
+def test_3_3_an_item_exactly_at_the_item_cap_renders_whole_and_one_byte_more_is_cut() -> None:
+    """§3.3: "A request within budget renders exactly as it would without one"; beyond the item cap
+    an item "is cut to its longest prefix that fits together with the notice"."""
+    for extra, whole in ((0, True), (1, False)):
+        j = Journal()
+        j.system("policy", key="agent/system-prompt")
+        offset = j.last + 1
+        header = f"@{offset}\n"
+        filler = 1024 - size(header)  # the JSON string of header + filler is 1024 bytes
+        item = j.user("x" * (filler + extra))
+        assert item == offset and size(header + "x" * filler) == 1024
+        r = j.request()
+        budget = RenderBudget(request_bytes=16 * 1024, item_bytes=1024)
+        content = render_messages(j.fold(), "openai", j.created_at(r), budget)[2]["content"]
+        assert (content == header + "x" * (filler + extra)) is whole
+        assert size(content) <= 1024
+        if not whole:
+            assert content.endswith(f"The journal keeps it whole at @{item}.]")
+
+
+def test_3_3_a_request_exactly_at_its_budget_renders_whole_and_one_byte_less_leaves_out_the_oldest_item() -> None:
+    """§3.3: over the request budget the oldest history item goes behind the notice, worded for one
+    item: `… 1 earlier history item, @<n> to @<n> (<chars> characters). The journal keeps it …`."""
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    items = [j.user(f"message {i} " + "y" * 400) for i in range(20)]
+    r = j.request()
+    state = j.fold()
+    unlimited = render_messages(state, "openai", j.created_at(r), None)
+    exact = size(unlimited)
+    assert exact > 8192
+    assert render_messages(state, "openai", j.created_at(r), RenderBudget(exact, 1024)) == unlimited
+    tighter = render_messages(state, "openai", j.created_at(r), RenderBudget(exact - 1, 1024))
+    chars = len(f"@{items[0]}\nmessage 0 " + "y" * 400)
+    assert tighter[2] == {
+        "role": "developer",
+        "content": f"[Left out of this request to keep it within its size limit: 1 earlier history item, "
+        f"@{items[0]} to @{items[0]} ({chars} characters). The journal keeps it at those offsets; a compaction "
+        "will replace it with a summary.]",
+    }
+    assert tighter[3:] == unlimited[3:]
+
+
+def test_3_3_the_left_out_notice_names_the_lowest_and_highest_offsets_though_lane_offsets_need_not_increase() -> None:
+    """§3.3 with §2.3: an unpublished slot replaced in place keeps its early position with a later
+    offset, so the left-out items' offsets are not in order: the notice names `@<low> to @<high>`."""
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    j.developer("v1", key="task")
+    first_user = j.user("a" * 3000)
+    j.user("b" * 3000)
+    j.user("c" * 3000)
+    replaced = j.developer("v2", key="task")  # not yet published: it takes the first position
+    r = j.request()
+    state = j.fold()
+    assert [item["offset"] for item in projection_json(state)["history"]][:2] == [replaced, first_user]
+    messages = render_messages(state, "openai", j.created_at(r), RenderBudget(request_bytes=9 * 1024, item_bytes=4096))
+    chars = len(f'@{replaced} key="task"\nv2') + len(f"@{first_user}\n" + "a" * 3000)
+    assert messages[2]["content"] == omitted_notice(2, first_user, replaced, chars)
+    assert messages[2]["content"].startswith(
+        f"[Left out of this request to keep it within its size limit: 2 earlier history items, "
+        f"@{first_user} to @{replaced} ({chars} characters)."
+    )

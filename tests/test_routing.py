@@ -418,3 +418,17 @@ def test_6_7_from_an_integration_every_event_is_routed_as_external_input() -> No
         trigger_source(parse_consumed_input({"type": command["type"], "payload": command["payload"]}).payload)
         == "external"
     )
+
+
+def test_7_3_a_summary_of_exactly_2000_characters_is_kept_whole_and_a_longer_one_is_clipped_to_2000() -> None:
+    """§7.3: "The summary is one short paragraph of at most 2 000 characters"."""
+    prefix = "Slack message from <@U2147483697> in <#C024BE91L>: "
+
+    def slack_summary_of(text: str) -> str:
+        payload = {"payload": {**SLACK_MESSAGE, "event": {**SLACK_MESSAGE["event"], "text": text}}}
+        return summarize(SLACK_SOURCE, 3, SLACK_WEBHOOK_RECEIVED, payload, 700)
+
+    exact = slack_summary_of("y" * (2000 - len(prefix)))
+    assert exact == prefix + "y" * (2000 - len(prefix)) and len(exact) == 2000
+    longer = slack_summary_of("y" * (2001 - len(prefix)))
+    assert longer == prefix + "y" * (1999 - len(prefix)) + "…"

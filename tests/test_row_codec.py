@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.journal.engine import PartitionEngine
@@ -158,3 +158,71 @@ def test_another_row_format_stops_the_worker_and_says_to_rebuild_with_replay(sto
     table.stored[rows.format_key(0)] = stored
     with pytest.raises(row_codec.RowFormatError, match=r"row format .*agentstream replay"):
         PartitionEngine(0, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+
+
+def test_the_row_keys_are_row_format_1() -> None:
+    """docs/architecture.md, "Rows": every key byte for byte (`<kind>\\0<path>\\0…`, 8-byte big-endian
+    seqs and slots, a seq biased by 2^63 so that byte order is numeric order)."""
+    path = "/agents/a"
+    assert rows.meta_key(path) == b"m\x00/agents/a"
+    assert rows.items_prefix(path) == b"i\x00/agents/a\x00"
+    assert rows.item_key(path, "system", 1) == b"i\x00/agents/a\x00s" + (2**63 + 1).to_bytes(8, "big")
+    assert rows.item_key(path, "history", -2) == b"i\x00/agents/a\x00h" + (2**63 - 2).to_bytes(8, "big")
+    assert rows.idempotency_key(path, "web/msg/1") == b"k\x00/agents/a\x00web/msg/1"
+    assert rows.append_id_key(path, "send-1") == b"a\x00/agents/a\x00send-1"
+    assert rows.append_slot_key(path, 3) == b"r\x00/agents/a\x00" + (3).to_bytes(8, "big")
+    assert rows.position_key(7) == b"p\x007"
+    assert rows.command_positions_key(7) == b"c\x007"
+    assert rows.format_key(7) == b"v\x007"
+
+
+@settings(deadline=None)
+@given(seqs=st.lists(st.integers(min_value=-(2**40), max_value=2**40), min_size=2, max_size=20, unique=True))
+def test_item_keys_sort_in_seq_order_and_name_their_lane_and_seq(seqs: list[int]) -> None:
+    """A prefix scan returns a stream's items in lane order: negative seqs (summaries) first."""
+    for lane in ("system", "history"):
+        keys = [rows.item_key("/agents/a", lane, seq) for seq in seqs]
+        assert [rows.item_of_key(key) for key in sorted(keys)] == [(lane, seq) for seq in sorted(seqs)]
+        assert all(rows.stream_of_key(key) == "/agents/a" for key in keys)
+
+
+def test_5_1_6_a_command_at_or_below_its_topics_recorded_offset_is_already_journaled() -> None:
+    """§5.1.6: a command read again is recognised by its offset in its command topic, per topic."""
+    sources = SourceOffsets(appends=10, internal=4)
+    assert sources.covers(False, 10) and not sources.covers(False, 11)
+    assert sources.covers(True, 4) and not sources.covers(True, 5)
+    assert sources.advanced(True, 3) == SourceOffsets(10, 4)  # a position never goes back
+    assert sources.advanced(False, 9) == SourceOffsets(10, 4)
+    assert sources.advanced(True, 6) == SourceOffsets(10, 6)
+    assert sources.advanced(False, 12) == SourceOffsets(12, 4)
+
+
+def test_item_rows_written_after_the_metadata_row_are_ignored_when_loading() -> None:
+    """`load_state`: rows of a crash between an event's item rows and its metadata row lie outside
+    the recorded seq range (`next_front_seq < seq < next_seq`) and are left out; re-folding the
+    journal tail writes them again."""
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    j.user("one")
+    state = j.fold()
+    path = state.stream_path
+    assert path is not None
+    meta = row_codec.encode_meta(state, SourceOffsets())
+    items = [
+        (rows.item_key(path, lane.name, c.seq), row_codec.encode_cell(c))
+        for lane in (state.system, state.history)
+        for c in lane.cells
+    ]
+    # The next history item (seq == next_seq) and a summary (seq == next_front_seq) were stored, their
+    # metadata row was not.
+    late = Lane("history")
+    late.next_seq, late.next_front_seq = state.history.next_seq, state.history.next_front_seq
+    appended = late.append(9, ContextItem(role="user", content="late"), None)
+    summary = late.new_front_cell(10, ContextItem(role="developer", content="s"))
+    items += [
+        (rows.item_key(path, "history", appended.seq), row_codec.encode_cell(appended)),
+        (rows.item_key(path, "history", summary.seq), row_codec.encode_cell(summary)),
+    ]
+    loaded, _ = row_codec.load_state(meta, sorted(items))
+    assert state_view(loaded) == state_view(state)
+    assert [cell.item.content for cell in loaded.history.cells] == ["one"]

@@ -186,3 +186,71 @@ def test_4_3_an_expiry_is_stale_once_its_request_is_no_longer_open() -> None:
     assert "no longer open" in (stale_expiry(answered, expiry, nothing.get) or "")
     other = AppendCommand.model_validate({"streamPath": path, "type": ev.CONTEXT_ADDED, "payload": {}})
     assert stale_expiry(answered, other, nothing.get) is None  # only expiries are judged
+
+
+def test_4_3_an_expiry_of_a_request_settled_while_a_newer_one_is_open_is_stale() -> None:
+    """§4.3: "A settlement the caller appended before the scheduler decided the expiry is journaled
+    first, so R's outcome is the caller's, and the expiry then journals nothing", also when the
+    next request R2 is open by the time the expiry of R arrives."""
+    j = Journal()
+    born(j)
+    hi = j.user("hi")
+    r = j.request(expires_at=j.at_ms(hi) + 1000)
+    state = j.fold()
+    path = state.stream_path
+    assert path is not None
+    expiry, _ = (
+        AppendCommand.model_validate(a.command(path)) for a in decide(state, j.at_ms(hi) + 1000, DEFAULT_MODEL).appends
+    )
+    j.settle(r)
+    j.user("next")
+    r2 = j.request()
+    newer_open = j.fold()
+    assert newer_open.open is not None and newer_open.open.offset == r2
+    assert stale_expiry(newer_open, expiry, {}.get) == f"request @{r} is no longer open (settled before it expired)"
+
+
+def test_4_2_the_request_is_due_exactly_at_the_debounce_and_expires_exactly_at_expires_at() -> None:
+    """§4.2: appended "once `now >= atMs + llmRequestDebounceMs + backoff`"; §4.3: "An open request
+    past its `expiresAt`" is settled by the scheduler, from `expiresAt` on."""
+    j = Journal()
+    born(j)
+    hi = j.user("hi")
+    at = j.at_ms(hi)
+    assert decide(j.fold(), at + 249, DEFAULT_MODEL).appends == ()
+    assert only(j.fold(), at + 250)[0] == ev.LLM_REQUEST_REQUESTED
+    j.request(expires_at=at + 600_000)
+    state = j.fold()
+    assert decide(state, at + 599_999, DEFAULT_MODEL).appends == ()
+    assert [a.type for a in decide(state, at + 600_000, DEFAULT_MODEL).appends] == [
+        ev.LLM_REQUEST_SETTLED,
+        ev.STREAM_ERROR_OCCURRED,
+    ]
+
+
+def test_4_3_max_autonomous_turns_0_pauses_the_first_agent_loop_turn() -> None:
+    """§4.7 allows `maxAutonomousTurns` 0: an agent-loop trigger would open turn 1 > 0."""
+    j = Journal()
+    born(j)
+    j.configured({"maxAutonomousTurns": 0})
+    j.user("go")
+    j.settle(j.request())
+    loop = j.developer("tool result")
+    kind, payload, key = only(j.fold(), 10**15)
+    assert (kind, key) == (ev.AGENT_PAUSED, f"agent/pause/{loop}")
+    assert payload["reason"] == "autonomous turn limit reached (0 consecutive turns without external input)"
+
+
+def test_4_2_no_turn_before_agent_created_even_with_the_system_prompt() -> None:
+    """§4.2: the scheduler requests a turn only when "the agent is created (`agent/created` folded)"
+    and a system prompt is in the system lane, among the rest; until then the trigger is queued."""
+    j = Journal()
+    j.system("policy", key="agent/system-prompt")
+    hi = j.user("early")
+    state = j.fold()
+    waiting = decide(state, j.at_ms(hi) + 10_000, DEFAULT_MODEL)
+    assert waiting.appends == () and waiting.wake_at_ms is None
+    assert state.status == "queued"
+    j.created()
+    _, _, key = only(j.fold(), j.at_ms(hi) + 10_000)
+    assert key == f"agent/request/{hi}"

@@ -471,3 +471,53 @@ def test_1_2_one_line_per_problem_each_naming_its_field() -> None:
     body = reason.removeprefix(f"invalid {ev.CONTEXT_ADDED} event: ")
     fields = re.findall(r"(?:^|; )(payload\.\w+): ", body)
     assert sorted(fields) == ["payload.content", "payload.order", "payload.role"]
+
+
+@pytest.mark.parametrize(
+    ("event_type", "payload", "field", "lowest"),
+    [
+        (ev.LLM_REQUEST_REQUESTED, {"model": "m"}, "expiresAt", 0),
+        (ev.LLM_REQUEST_SETTLED, {"result": {"status": "failed", "errorMessage": "x"}}, "requestOffset", 1),
+        (
+            ev.LLM_REQUEST_SETTLED,
+            {"requestOffset": 1, "result": {"status": "failed", "errorMessage": "x"}},
+            "durationMs",
+            0,
+        ),
+        (
+            ev.TOKEN_USAGE_REPORTED,
+            {"llmRequestOffset": 1, "model": "m", "inputTokens": 0, "outputTokens": 0},
+            "maxContextTokens",
+            1,
+        ),
+        (
+            ev.TOKEN_USAGE_REPORTED,
+            {"llmRequestOffset": 1, "model": "m", "maxContextTokens": 1, "outputTokens": 0},
+            "inputTokens",
+            0,
+        ),
+        (ev.AGENT_PAUSED, {}, "triggerOffset", 1),
+        (ev.CONTEXT_ADDED, {"role": "assistant", "content": "x"}, "llmRequestOffset", 1),
+    ],
+)
+def test_1_1_numbers_hold_at_the_lowest_value_the_table_allows(
+    event_type: str, payload: dict[str, Any], field: str, lowest: int
+) -> None:
+    """§1.1/§1.2: `expiresAt (epoch ms, ≥ 0)`, offsets `> 0`, `maxContextTokens (> 0)`, counts `≥ 0`."""
+    accepted = parse_consumed_input({"type": event_type, "payload": {**payload, field: lowest}})
+    assert getattr(accepted.payload, field) == lowest
+    with pytest.raises(ValueError, match=field):
+        parse_consumed_input({"type": event_type, "payload": {**payload, field: lowest - 1}})
+
+
+def test_1_2_an_empty_file_and_a_compaction_through_1_are_valid() -> None:
+    """§1.2: a file's `size (≥ 0)`; `compaction {replacesHistoryThrough (> 0)}`."""
+    attachment = {"contentType": "text/plain", "filename": "empty", "path": "/f/e", "size": 0, "url": "u"}
+    assert ContextItem.model_validate({"role": "user", "content": "", "files": [attachment]}).files[0].size == 0
+    summary = {
+        "role": "developer",
+        "content": "s",
+        "compaction": {"replacesHistoryThrough": 1},
+        "llmRequestPolicy": {"behaviour": "dont-trigger-request"},
+    }
+    assert ContextItem.model_validate(summary).compaction.replacesHistoryThrough == 1

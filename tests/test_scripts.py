@@ -75,6 +75,24 @@ def test_extraction_windows_line_endings() -> None:
     assert python_blocks("```python\r\nx = 1\r\nx\r\n```\r\n") == ["x = 1\nx"]
 
 
+@pytest.mark.parametrize("opening", ["```PYTHON", "```Python", "```PY", "```Py title='step 1'", "````python"])
+def test_6_2_the_tag_is_the_first_word_of_the_info_string_in_any_case(opening: str) -> None:
+    """§6.2: "Only blocks tagged `python` or `py` (the first word of the info string, any case)"."""
+    width = len(opening) - len(opening.lstrip("`"))
+    assert python_blocks(f"Here:\n{opening}\nprint(1)\n{'`' * width}\nDone.") == ["print(1)"]
+
+
+@pytest.mark.parametrize("opening", ["```python3", "```pyth", "```", "```text python", "``python"])
+def test_6_2_other_first_words_and_two_backticks_are_not_scripts(opening: str) -> None:
+    """§6.2: "A fenced block opens with three or more backticks"; other tags are text."""
+    assert python_blocks(f"{opening}\nprint(1)\n```") == []
+
+
+def test_6_2_two_backticks_neither_open_nor_close_a_fence() -> None:
+    assert fenced_blocks("``\nnot a block\n``") == []
+    assert python_blocks("```python\nx = '``'\n``\ny = 1\n```") == ["x = '``'\n``\ny = 1"]
+
+
 # --- who may run code ----------------------------------------------------------------------------------
 
 
@@ -230,6 +248,35 @@ def test_transcription_over_the_limit_keeps_the_start_and_says_how_much_there_wa
 def test_transcription_a_fence_inside_the_output_gets_a_longer_fence() -> None:
     text = transcribe(settle(succeeded("```\nnot the end\n```", "")), 30_000)
     assert text == "Your script returned:\n````\n```\nnot the end\n```\n````"
+
+
+def test_6_4_content_of_exactly_script_result_history_limit_characters_is_kept_whole() -> None:
+    """§6.4: "Content longer than `scriptResultHistoryLimit` characters keeps that many characters
+    plus" the notice; content of exactly that many is not cut."""
+    full = transcribe(settle(succeeded("x" * 500, "")), 10_000)
+    assert full is not None
+    assert transcribe(settle(succeeded("x" * 500, "")), len(full)) == full
+    assert transcribe(settle(succeeded("x" * 500, "")), len(full) - 1) == full[:-1] + truncation_notice(len(full))
+
+
+def test_6_4_a_line_starting_with_three_backticks_anywhere_in_the_text_lengthens_the_fence() -> None:
+    """§6.4: "A fence is made longer than three backticks when the fenced text contains a line
+    starting with three", the first line or any later one."""
+    later = transcribe(settle(succeeded("see:\n```\ncode\n```", "")), 30_000)
+    assert later == "Your script returned:\n````\nsee:\n```\ncode\n```\n````"
+    printed = transcribe(settle(succeeded(None, "a\n````b\n")), 30_000)
+    assert printed == "Your script printed:\n`````\na\n````b\n`````"
+    mid_line = transcribe(settle(succeeded("a ``` b", "")), 30_000)
+    assert mid_line == "Your script returned:\n```\na ``` b\n```"
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"), [(-(2**63), True), (2**64 - 1, True), (-(2**63) - 1, False), (2**64, False)]
+)
+def test_6_3_a_script_result_keeps_integers_from_minus_2_63_to_2_64_minus_1_exactly(value: int, kept: bool) -> None:
+    """§5.1.2 for settlements: a result integer the journal can keep stays a number, others become text."""
+    result = succeeded({"n": value}, "")["result"]
+    assert result == ({"n": value} if kept else {"n": str(value)})
 
 
 def test_results_back_into_context_a_settlement_adds_a_script_item_that_triggers() -> None:
