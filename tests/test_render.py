@@ -626,6 +626,8 @@ def test_3_3_a_request_exactly_at_its_budget_renders_whole_and_one_byte_less_lea
         "will replace it with a summary.]",
     }
     assert tighter[3:] == unlimited[3:]
+    # Only as many items as needed go: a budget of exactly the size of that request leaves out one.
+    assert render_messages(state, "openai", j.created_at(r), RenderBudget(size(tighter), 1024)) == tighter
 
 
 def test_3_3_the_left_out_notice_names_the_lowest_and_highest_offsets_though_lane_offsets_need_not_increase() -> None:
