@@ -16,6 +16,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from processors.dedupe import DEFAULT_APPEND_ID_WINDOW
+from processors.files import TRANSPORT_INPUTS, FileInput
+from processors.gate import DEFAULT_MAX_USER_FILE_BYTES
 from processors.render import (
     DEFAULT_ITEM_BYTES,
     DEFAULT_REQUEST_BYTES,
@@ -188,6 +190,35 @@ class Settings(BaseModel):
             "llm_request_max_bytes counts as that): a larger item is cut with a notice naming its offset.",
         ),
     ] = DEFAULT_ITEM_BYTES
+    llm_file_inputs: Annotated[
+        dict[str, list[FileInput]],
+        Field(
+            description='File inputs each model takes, JSON, e.g. {"gpt-4o": ["image", "pdf", "text"]} (image: '
+            "image_url parts; pdf: file parts; text: small text files inlined); a file a model does not take is "
+            "a hint line. Unlisted models: image, pdf and text on the openai transport, text on openai-compatible.",
+        ),
+    ] = {"smollm2": ["text"]}
+    # --- files the model sees (docs/behaviour.md §3.3) --------------------------------------------
+    blob_dir: Annotated[
+        Path | None,
+        Field(description="Directory of the blob store (uploaded file bytes by sha256). Unset: <data_dir>/blobs."),
+    ] = None
+    blob_s3_bucket: Annotated[
+        str | None,
+        Field(description="S3 bucket of the blob store; set it to keep blobs in any S3-compatible object store."),
+    ] = None
+    blob_s3_prefix: Annotated[str, Field(description="Key prefix of the blob store's objects in the bucket.")] = ""
+    blob_s3_endpoint: Annotated[
+        str | None,
+        Field(description="Endpoint URL of an S3-compatible store (path-style; http:// allowed). Unset: AWS S3."),
+    ] = None
+    blob_s3_region: Annotated[str | None, Field(description="Region of the blob store's bucket.")] = None
+    blob_s3_access_key_id: Annotated[
+        str | None, Field(description="Access key id for the bucket. Unset: AWS_ACCESS_KEY_ID and the usual chain.")
+    ] = None
+    blob_s3_secret_access_key: Annotated[
+        str | None, Field(description="Secret access key for the bucket. Unset: AWS_SECRET_ACCESS_KEY and the chain.")
+    ] = None
     # --- the HTTP gateway and the router ------------------------------------------------------
     gateway_host: Annotated[str, Field(description="Address the HTTP gateway listens on (0.0.0.0 in a container).")] = (
         "127.0.0.1"
@@ -213,7 +244,15 @@ class Settings(BaseModel):
     ] = 16 * 1024 * 1024
     gateway_max_user_file_bytes: Annotated[
         int, Field(ge=0, description="Largest file a user-tier token may attach to an item, bytes.")
-    ] = 25 * 1024 * 1024
+    ] = DEFAULT_MAX_USER_FILE_BYTES
+    gateway_max_file_bytes: Annotated[
+        int,
+        Field(
+            ge=0,
+            description="Largest file an integration, agent or platform token may upload, bytes (a user-tier "
+            "token: gateway_max_user_file_bytes).",
+        ),
+    ] = 100 * 1024 * 1024
     gateway_wait_timeout_s: Annotated[
         float, Field(gt=0, description="With ?wait=true: how long the gateway waits for the journal's outcome.")
     ] = 30.0
@@ -366,6 +405,19 @@ class Settings(BaseModel):
         budget = self.render_budget
         window_bytes = max(WINDOW_FLOOR_BYTES, self.context_tokens(model) * 4)
         return RenderBudget(budget.request_bytes, budget.item_bytes, min(budget.item_bytes, window_bytes))
+
+    @property
+    def blob_directory(self) -> Path:
+        return self.blob_dir if self.blob_dir is not None else self.data_dir / "blobs"
+
+    def file_inputs_for(self, model: str, transport: Transport) -> frozenset[FileInput]:
+        """What files `model` takes (docs/behaviour.md §3.3): its `llm_file_inputs`, else its transport's."""
+        declared = self.llm_file_inputs.get(model)
+        return frozenset(declared) if declared is not None else TRANSPORT_INPUTS[transport]
+
+    def max_file_bytes(self, tier: str) -> int:
+        """The upload limit of a token's tier (user: gateway_max_user_file_bytes)."""
+        return self.gateway_max_user_file_bytes if tier == "user" else self.gateway_max_file_bytes
 
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)

@@ -238,3 +238,19 @@ def _present(item: dict[str, Any], *fields: tuple[str, str]) -> Refused | None:
 
 def _with_actor(command: AppendCommand, actor: dict[str, Any]) -> AppendCommand:
     return command.model_copy(update={"payload": {**command.payload, "actor": actor}})
+
+
+def admit_upload(claims: Claims, stream_path: str) -> Refused | None:
+    """Who may upload a file to `stream_path` (docs/behaviour.md §3.3): the scope and the streams the
+    token's tier appends to, as for the items that will carry the file. None: admitted."""
+    if not in_scope(stream_path, claims.scope):
+        return Refused("scope", f"{stream_path} is outside this token's scope {list(claims.scope)}")
+    if claims.tier == "user" and not stream_path.startswith(AGENT_STREAMS):
+        return Refused("user-agent-streams-only", f"a user token uploads only to agent streams ({AGENT_STREAMS}…)")
+    if claims.tier == "agent" and not stream_path.startswith(AGENT_STREAMS):
+        return Refused("agent-agent-streams-only", f"an agent token uploads only to agent streams ({AGENT_STREAMS}…)")
+    if claims.tier == "integration" and not stream_path.startswith((AGENT_STREAMS, INTEGRATION_STREAMS)):
+        return Refused(
+            "integration-streams", f"an integration token uploads to {INTEGRATION_STREAMS}… or {AGENT_STREAMS}…"
+        )
+    return None

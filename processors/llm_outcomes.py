@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from processors.appends import Append  # the caller types its appends as llm_outcomes.Append
+from processors.files import hint_line
 from processors.idempotency_keys import (
     assistant_key,
     compaction_key,
@@ -125,24 +126,16 @@ def normalize_usage(raw: Any) -> dict[str, int] | None:
 # --- messages sent to the provider -----------------------------------------------------------------
 
 
-def _file_hint(file: Mapping[str, Any]) -> str:
-    name = file.get("filename") or file.get("path") or "file"
-    kind = file.get("contentType") or "unknown type"
-    size = file.get("size")
-    url = file.get("url") or file.get("path") or ""
-    size_text = f", {size} bytes" if isinstance(size, int) and not isinstance(size, bool) else ""
-    return f"[attached file: {name} ({kind}{size_text}) {url}]".rstrip()
-
-
 def provider_messages(messages: list[Message]) -> list[dict[str, str]]:
     """The request's messages as sent: role and content as given (the processor already mapped
     roles for the transport, docs/behaviour.md §3.2), plus one hint line per attached file (the chat API has
-    no `files` field)."""
+    no `files` field). A call's messages go through `processors.files.render_files` instead (§3.3),
+    which sends the files themselves where the model takes them."""
     out: list[dict[str, str]] = []
     for message in messages:
         content = message.content
         if message.files:
-            content = "\n".join([content, *(_file_hint(f) for f in message.files)])
+            content = "\n".join([content, *(hint_line(f) for f in message.files)])
         out.append({"role": message.role, "content": content})
     return out
 

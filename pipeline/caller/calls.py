@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipeline.caller.files import FileLoader
 from pipeline.caller.provider import Provider, Usage, error_body, is_overflow
 from processors import llm_outcomes
 from schemas.requests import CallRequest, CompactRequest, Message, Transport
@@ -46,8 +47,11 @@ class SummaryFailed(Exception):
 class Calls:
     """Runs jobs' provider work, at most `max_in_flight` at once across all streams."""
 
-    def __init__(self, provider: Provider, *, max_in_flight: int, streaming: bool) -> None:
+    def __init__(
+        self, provider: Provider, *, max_in_flight: int, streaming: bool, files: FileLoader | None = None
+    ) -> None:
         self.provider = provider
+        self.files = files  # renders each item's files as the model takes them (docs/behaviour.md §3.3)
         self.streaming = streaming
         self.slots = asyncio.Semaphore(max_in_flight)
 
@@ -61,7 +65,10 @@ class Calls:
             # call still running then could only append a stale outcome (a failure would journal an
             # error item saying it retries), so it stops there and appends nothing.
             expiry = _expiry(record.expiresAt)
-            messages = llm_outcomes.provider_messages(record.messages)
+            if self.files is None:
+                messages: list[dict[str, Any]] = llm_outcomes.provider_messages(record.messages)
+            else:
+                messages = await self.files.messages(record)
             try:
                 async with expiry:
                     if self.streaming:

@@ -49,7 +49,7 @@ class InvalidResponse(Exception):
 
 
 def request_body(
-    model: str, transport: Transport, messages: list[dict[str, str]], max_tokens: int, *, stream: bool
+    model: str, transport: Transport, messages: list[dict[str, Any]], max_tokens: int, *, stream: bool
 ) -> bytes:
     """The JSON body of a chat completion request, as `create` would send it (stream: with usage)."""
     body: dict[str, Any] = {"model": model, "messages": messages, LIMIT_FIELD[transport]: max_tokens}
@@ -80,7 +80,7 @@ class Provider:
     async def close(self) -> None:
         await self.client.close()
 
-    async def stream(self, model: str, transport: Transport, messages: list[dict[str, str]], text: list[str]) -> Usage:
+    async def stream(self, model: str, transport: Transport, messages: list[dict[str, Any]], text: list[str]) -> Usage:
         """Stream the completion into `text` (what arrived stays there if the task is cancelled,
         which closes the connection); return the usage the provider reported, if any."""
         body = request_body(model, transport, messages, self.max_tokens, stream=True)
@@ -112,7 +112,7 @@ class Provider:
             raise InvalidResponse("the provider's response is not a chat completion stream (no chunks)")
         return usage
 
-    async def complete(self, model: str, transport: Transport, messages: list[dict[str, str]]) -> tuple[str, Usage]:
+    async def complete(self, model: str, transport: Transport, messages: list[dict[str, Any]]) -> tuple[str, Usage]:
         """The whole completion at once: its text (never empty) and usage."""
         body = request_body(model, transport, messages, self.max_tokens, stream=False)
         async with asyncio.timeout(self.timeout_s):

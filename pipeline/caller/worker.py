@@ -32,8 +32,10 @@ from aiokafka.structs import TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
 from pipeline import exit_codes, metrics
+from pipeline.blobs import blob_store
 from pipeline.caller.calls import Calls, Result
 from pipeline.caller.commits import CallerFatal, flush_before_commit
+from pipeline.caller.files import FileLoader
 from pipeline.caller.outcomes import OutcomeWriter
 from pipeline.caller.provider import Provider
 from pipeline.caller.queues import Job, StreamQueues
@@ -112,7 +114,10 @@ class LlmCaller:
         self.commits = OffsetCommits(flush_before_commit(self._client))
         self._outcomes = OutcomeWriter(self._client, (settings.openai_api_key,), settings.context_tokens)
         self._provider = Provider(settings)
-        self._work = Calls(self._provider, max_in_flight=settings.llm_max_in_flight, streaming=settings.streaming)
+        files = FileLoader(blob_store(settings), settings)
+        self._work = Calls(
+            self._provider, max_in_flight=settings.llm_max_in_flight, streaming=settings.streaming, files=files
+        )
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap_servers,
             group_id=settings.caller_group,

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Send
 
+from pipeline.blobs import BlobStore, blob_store
 from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import (
@@ -35,6 +36,7 @@ from pipeline.gateway.commands import (
     prepare_submission,
 )
 from pipeline.gateway.console.routes import build_console
+from pipeline.gateway.files import add_file_routes
 from pipeline.gateway.guards import BodyDeadline, add_connection_handlers
 from pipeline.gateway.kafka import CommandProducer, ResultsFollower
 from pipeline.gateway.service import ApiError, Gateway, error_response, journaled, json_response
@@ -84,8 +86,10 @@ def build_app(
     *,
     producer: CommandProducer | None = None,
     results: ResultsFollower | None = None,
+    blobs: BlobStore | None = None,
 ) -> FastAPI:
     topics = topic_names(settings.topic_prefix)
+    blobs = blobs if blobs is not None else blob_store(settings)  # file bytes (docs/behaviour.md §3.3)
     gateway = Gateway(
         settings=settings,
         tokens=tokens,
@@ -121,12 +125,14 @@ def build_app(
     app.add_middleware(BodyDeadline, timeout_s=settings.gateway_body_timeout_s)
     _exception_handlers(app)
     add_connection_handlers(app)
-    console_app, console = build_console(gateway)  # the web console (docs/operations.md, "Web console")
+    console_app, console = build_console(gateway, blobs)  # the web console (docs/operations.md, "Web console")
     app.mount("/console", console_app)
     from pipeline.gateway.mcp.http import HttpDoor  # here: the door builds on this module's Gateway
 
     mcp_door = HttpDoor(gateway, console.mirror)  # MCP at /mcp (docs/behaviour.md §9), the console's mirror
     app.router.routes.append(mcp_door.route)
+
+    add_file_routes(app, gateway, blobs)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Response:

@@ -16,7 +16,7 @@ BYTES = Counter("agentstream_gateway_request_bytes_total", "Request body bytes r
 REFUSALS = Counter(
     "agentstream_gateway_refusals_total",
     "Refused commands or requests, by rule (append-gate rules, auth, signature, size, saturated, unavailable, "
-    "timeout; console: origin, sign-in-rate, live-streams).",
+    "timeout; uploads: file-type; console: origin, sign-in-rate, live-streams).",
     ["rule"],
 )
 COMMANDS = Counter("agentstream_gateway_commands_total", "Commands produced to Kafka, by topic kind.", ["topic"])

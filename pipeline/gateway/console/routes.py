@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
+from pipeline.blobs import BlobStore
 from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import Problem, prepare_submission
@@ -58,8 +59,9 @@ from schemas.events import AGENT_PAUSED, AGENT_RESUMED, CONTEXT_ADDED
 from schemas.requests import TRANSPORTS, Transport
 
 
-def build_console(gateway: Gateway) -> tuple[FastAPI, Console]:
-    """The console app (mount it at /console) and its state (close it on shutdown)."""
+def build_console(gateway: Gateway, blobs: BlobStore) -> tuple[FastAPI, Console]:
+    """The console app (mount it at /console) and its state (close it on shutdown); `blobs`: the
+    blob store its talk box uploads to and its thumbnails come from (docs/behaviour.md §3.3)."""
     console = Console(gateway)
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     app.add_middleware(SecurityHeaders)
