@@ -164,7 +164,7 @@ class ObjectBlobStore:
 
         try:
             obstore.head(self.store, key)  # type: ignore[arg-type]
-        except NotFoundError:
+        except (NotFoundError, FileNotFoundError):
             return False
         except Exception as error:
             raise BlobStoreError(f"blob store: {error}") from error
@@ -188,7 +188,7 @@ class ObjectBlobStore:
         key = blob_path(_checked(hex_digest))
         try:
             return obstore.get(self.store, key).bytes().to_bytes()  # type: ignore[arg-type]
-        except NotFoundError:
+        except (NotFoundError, FileNotFoundError):
             return None
         except Exception as error:
             raise BlobStoreError(f"blob store: reading {key} failed: {error}") from error

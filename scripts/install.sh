@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what agentstream needs into <repo>/.venv: the Python deps (pinned in pyproject.toml,
-# dev extras included), the Kafka broker jars (Maven) and, when missing, Debian's chromium and
+# dev extras included), the Kafka broker and s3proxy jars (Maven) and, when missing, Debian's chromium and
 # chromedriver for the console's browser tests (apt-get, as root or through sudo). Idempotent; safe to re-run.
 #   --model   also install the embedded model (llama-cpp-python compiles: minutes the first time)
 set -euo pipefail
@@ -28,6 +28,10 @@ fi
 
 echo "==> Kafka jars"
 scripts/kafka/fetch.sh
+
+# The blob store's S3 tests (tests/test_blobs.py) run against s3proxy, an S3-compatible server on Java.
+echo "==> s3proxy jars"
+scripts/s3proxy/fetch.sh
 
 # The web console's browser tests (tests/test_console_browser.py) drive Debian's chromium through
 # its chromedriver; test tools cannot download a browser of their own here.
