@@ -21,6 +21,11 @@ EVENTS_JOURNALED = Counter(
     "agentstream_events_journaled_total", "Events written to agent-journal, by event type.", ["type"]
 )
 DUPLICATES = Counter("agentstream_duplicate_appends_total", "Appends recognised as already journaled (no-ops).")
+REPEATS_REJECTED = Counter(
+    "agentstream_repeated_work_rejected_total",
+    "Repeats by a platform writer (caller, capability host, router) whose idempotency key already names "
+    "a different journaled event: answered as rejected, the first outcome kept, not dead-lettered.",
+)
 FENCED = Counter(
     "agentstream_fenced_total",
     "Partitions this journal worker dropped because a newer owner fenced its transactional producer.",

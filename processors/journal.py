@@ -40,6 +40,11 @@ class Duplicate:
 @dataclass(slots=True, frozen=True)
 class Rejected:
     reason: str
+    # The idempotency key already names another body. From a platform writer (the caller, the
+    # capability host, the router) that is work repeated after a restart or a pause whose first
+    # outcome is journaled: the journal keeps the first and the repeat is not bad input
+    # (docs/behaviour.md §5.2, "Other writers").
+    key_conflict: bool = False
 
 
 Outcome = Journaled | Duplicate | Rejected
@@ -88,7 +93,8 @@ def journal_command(
                 return Duplicate(offset, f"idempotency key {key!r} already names this event")
             return Rejected(
                 f"idempotency key {key!r} already names a different event at @{offset}; "
-                "an idempotency key names one exact event forever: use a new key for a new body"
+                "an idempotency key names one exact event forever: use a new key for a new body",
+                key_conflict=True,
             )
     execution = idempotency_keys.own_script_call_execution(key)
     if execution is not None and execution not in state.scripts:

@@ -33,4 +33,4 @@ echo "==> ruff"
 echo "==> helm lint + template (helm from PyPI, offline)"
 scripts/helm-check.sh
 echo "==> pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"

@@ -147,7 +147,8 @@ def test_1_the_same_key_with_a_different_body_is_rejected_naming_the_key_and_the
     conflict = stream.append(event_type, payload, key="web/msg/91f3")
     assert conflict == Rejected(
         "idempotency key 'web/msg/91f3' already names a different event at @2; an idempotency key names "
-        "one exact event forever: use a new key for a new body"
+        "one exact event forever: use a new key for a new body",
+        key_conflict=True,
     )
     assert stream.state.cursor == 2
 

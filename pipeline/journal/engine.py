@@ -289,6 +289,19 @@ class PartitionEngine:
             self._result(handled, append, "duplicate", outcome.offset, outcome.reason)
             return handled
         assert isinstance(outcome, Rejected)
+        if outcome.key_conflict and command.internal:
+            # A platform writer repeating work whose first outcome is journaled (a caller that
+            # restarted before its settlement was visible): answered, kept out of the DLQ.
+            metrics.REPEATS_REJECTED.inc()
+            log.info(
+                "partition %d offset %d: repeated work not journaled: %s",
+                command.partition,
+                command.offset,
+                outcome.reason[:300],
+            )
+            handled = HandledCommand(command, [])
+            self._result(handled, append, "rejected", None, outcome.reason)
+            return handled
         return self._rejection(command, append, outcome.reason)
 
     def _internal_error(self, command: CommandRecord, error: Exception) -> HandledCommand:

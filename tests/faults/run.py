@@ -20,6 +20,7 @@ import argparse
 import atexit
 import contextlib
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -179,7 +180,22 @@ class Harness:
             print(f"  {line}")
         for marker in verdict.offending[:10]:
             print(f"  {self.load.sent.get(marker)}")
+        self.print_process_logs(verdict)
         sys.stdout.flush()
+
+    def print_process_logs(self, verdict: Verdict) -> None:
+        """What the caller and the journal workers said about the streams a problem names, and
+        about their partitions (assignments, revokes, warnings): enough to tell a lost call record
+        from a lost settlement in a run that cannot be repeated."""
+        paths = sorted(set(re.findall(r"/agents/[0-9a-f]{8,}", " ".join(verdict.problems))))[:6]
+        telling = re.compile(r"assigned|revok|read ahead|WARNING|ERROR|CRITICAL|fenced|abandon|skipped")
+        for proc in [self.cluster.caller, *self.cluster.journal_workers]:
+            lines = proc.log().splitlines()
+            about = [line for line in lines if any(path in line for path in paths)][-12:]
+            partitions = [line for line in lines if telling.search(line)][-25:]
+            print(f"log of {proc.name} ({proc.log_path}):")
+            for line in dict.fromkeys(partitions + about):  # in order, once
+                print(f"    {line[:400]}")
 
     # --- teardown ---------------------------------------------------------------------------------
 

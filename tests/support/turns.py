@@ -30,10 +30,14 @@ def journals(stack: Stack) -> dict[str, list[Any]]:
 
 
 def unanswered(events: dict[str, list[Any]], paths: list[str]) -> list[str]:
-    """Agents not yet done: a request open or due, or the last user message not answered."""
+    """Agents not yet done: nothing journaled yet, a request open or due, or the last user message
+    not answered."""
     waiting = []
     for path in paths:
         stream = events.get(path, [])
+        if not stream:  # created, but not yet visible to a committed read
+            waiting.append(f"{path} (nothing journaled yet)")
+            continue
         state = fold_all(AgentState(), stream)
         items = [e for e in stream if e.type == CONTEXT_ADDED]
         last_user = max((e.offset for e in items if e.payload.role == "user"), default=0)
