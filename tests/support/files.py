@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zipfile
 import zlib
 
 
-def png(width: int = 2, height: int = 2, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
-    """A valid RGB PNG of one colour."""
+def png(width: int = 2, height: int = 2, rgb: tuple[int, int, int] = (200, 30, 30), *, noise: bool = False) -> bytes:
+    """A valid RGB PNG of one colour (`noise`: random pixels, which do not compress)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
-    row = b"\x00" + bytes(rgb) * width
+    rows = b"".join(b"\x00" + (os.urandom(3 * width) if noise else bytes(rgb) * width) for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(row * height))
-        + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 def pdf(text: str = "hello") -> bytes:

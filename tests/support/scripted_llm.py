@@ -554,6 +554,12 @@ class ScriptedLLM:
             self._finish(rec, completed=True, status=LLAMA_CPP_DEVELOPER_STATUS)
             return web.json_response(LLAMA_CPP_DEVELOPER_BODY, status=LLAMA_CPP_DEVELOPER_STATUS)
 
+        bad_part = content_part_problem(body["messages"])
+        if bad_part is not None:
+            rec.response = "bad-request"
+            self._finish(rec, completed=True, status=400)
+            return _error_response(400, bad_part)
+
         refused = (
             overflow_response(self.overflow, self.context_tokens, body) if self.context_tokens is not None else None
         )
@@ -742,6 +748,41 @@ def _split(text: str, chunks: Iterable[str] | None) -> list[str]:
     if chunks is not None:
         return list(chunks)
     return _WORDS.findall(text)
+
+
+_DATA_URL = re.compile(r"data:(?P<type>[a-z]+/[a-z0-9.+-]+);base64,[A-Za-z0-9+/]+=*")
+
+
+def content_part_problem(messages: list[Any]) -> str | None:
+    """Why a message's content parts would be refused, like the chat API refuses them: parts are
+    `text`, `image_url` (a data URL of an image) and `file` (a filename and a PDF data URL); image
+    and file parts only in user messages. None when they are fine (or there are none)."""
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        where = f"messages[{index}].content"
+        for position, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                if not isinstance(part.get("text"), str):
+                    return f"{where}[{position}]: a text part needs a string 'text'"
+                continue
+            if kind not in ("image_url", "file"):
+                return f"{where}[{position}]: unknown content part type {kind!r}"
+            if message.get("role") != "user":
+                return f"{where}[{position}]: {kind} parts are only allowed in user messages"
+            if kind == "image_url":
+                url = (part.get("image_url") or {}).get("url")
+                found = _DATA_URL.fullmatch(url) if isinstance(url, str) else None
+                if found is None or not found["type"].startswith("image/"):
+                    return f"{where}[{position}]: image_url.url must be an image data URL"
+            else:
+                file = part.get("file") or {}
+                found = _DATA_URL.fullmatch(file.get("file_data") or "")
+                if not file.get("filename") or found is None or found["type"] != "application/pdf":
+                    return f"{where}[{position}]: a file part needs a filename and a PDF data URL in file_data"
+    return None
 
 
 def _content_text(content: Any) -> str:
