@@ -4,6 +4,7 @@ against the real broker, a real journal worker and LLM caller, and the scripted 
 The browser signs in with a bearer token, opens the agents page and an agent, sends a message and
 sees the scripted model's answer arrive without a reload, opens the request view with its cached
 prefix shaded, and shows a message made of markup as text. A token outside the scope sees nothing.
+The talk box attaches an image, which the journal and the projection show as a thumbnail.
 Screenshots of the main pages land in `.local/test-output/console/` (AGENTSTREAM_TEST_OUTPUT
 overrides the folder) for review.
 """
@@ -35,6 +36,7 @@ from pipeline.gateway.console.views import journal_page
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.gateway_server import GatewayServer, Tokens, request
 from tests.kafka_stack import REPO, Stack, ensure_broker, wait_until
+from tests.support.files import png
 from tests.support.scripted_llm import ScriptedLLM
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
@@ -236,6 +238,61 @@ def test_console_in_a_browser_watch_talk_requests_and_scope(env: Env, browser: W
     assert "no stream with this path in your token's scope" in browser.find_element(By.ID, "error-detail").text
     assert agent.path not in browser.find_element(By.TAG_NAME, "main").text
     screenshot(browser, "outside-scope")
+
+
+def test_3_3_console_attaches_an_image_and_shows_its_thumbnail(env: Env, browser: WebDriver, tmp_path: Path) -> None:
+    """§3.3 in the console: the talk box attaches a file; the journal and the projection show the
+    image as a thumbnail (served by the console under its strict policy) and link it."""
+    agent = env.stack.client.agents.create()
+    image = tmp_path / "red square.png"
+    image.write_bytes(png(48, 48, (220, 40, 40)))
+    sign_in(browser, env, env.user)
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, f'tr.agent[data-path="{agent.path}"]'), "the agent")
+    browser.get(env.url("/console/agent", path=agent.path))
+    wait_for(browser, lambda d: d.find_elements(By.ID, "attach"), "the talk box's file input")
+    browser.execute_script("window.consoleTestMarker = 'same page';")
+    browser.find_element(By.ID, "attach").send_keys(str(image))
+    browser.find_element(By.CSS_SELECTOR, "#say textarea").send_keys("what colour is this?")
+    browser.find_element(By.ID, "send").click()
+    thumbnail = "tbody#journal tr.kind-user td.summary img.thumb"
+    wait_for(
+        browser,
+        lambda d: (
+            d.execute_script(
+                "const img = document.querySelector(arguments[0]); return img && img.complete && img.naturalWidth;",
+                thumbnail,
+            )
+            == 48
+        ),
+        "the image's thumbnail in the journal",
+    )
+    assert browser.execute_script("return window.consoleTestMarker") == "same page", "the page reloaded"
+    link = browser.find_element(By.CSS_SELECTOR, "tbody#journal tr.kind-user td.summary a.file")
+    assert link.text == "red square.png"
+    assert link.get_attribute("href").startswith(env.base + "/console/files/sha256/")
+    assert browser.find_element(By.ID, "attach").get_attribute("value") == ""  # cleared after sending
+    wait_for(
+        browser,
+        lambda d: any(t.startswith("assistant: ok:") and "what colour" in t for t in journal_texts(d)),
+        "the answer (the text-only model gets the hint line)",
+    )
+    screenshot(browser, "attach")
+    events = env.stack.client.streams.get(agent.path).events()
+    (item,) = [e for e in events if e.type == CONTEXT_ADDED and e.payload.files]
+    assert item.payload.files[0].contentType == "image/png" and item.payload.files[0].filename == "red square.png"
+
+    browser.get(env.url("/console/agent/projection", path=agent.path))
+    wait_for(
+        browser, lambda d: d.find_elements(By.CSS_SELECTOR, "article.item img.thumb"), "the projection's thumbnail"
+    )
+    screenshot(browser, "attach-projection")
+
+    # Another token's session cannot read the file, even knowing its address.
+    href = link_href = item.payload.files[0].url.replace("/v1/files/", "/console/files/")
+    sign_in(browser, env, env.outsider)
+    browser.get(env.base + href)
+    assert "not uploaded to a stream in its scope" in browser.find_element(By.TAG_NAME, "main").text
+    assert link_href.endswith(item.payload.files[0].path.rsplit("/", 1)[-1])
 
 
 def test_console_pages_carry_a_strict_content_security_policy_and_need_a_session(env: Env) -> None:

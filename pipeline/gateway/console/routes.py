@@ -52,6 +52,8 @@ from pipeline.gateway.console.views import (
     projection_items,
     slice_page,
 )
+from pipeline.gateway.files import file_response, not_readable, readable, store_upload, upload_gate
+from pipeline.gateway.files import receive as receive_file
 from pipeline.gateway.guards import add_connection_handlers
 from pipeline.gateway.service import ApiError, Gateway
 from pipeline.gateway.tokens import hash_token
@@ -397,15 +399,64 @@ def build_console(gateway: Gateway, blobs: BlobStore) -> tuple[FastAPI, Console]
             raise Refused(400, "the form is not UTF-8") from None
         return {name: values[0] for name, values in fields.items()}
 
+    async def read_upload(request: Request, viewer: Viewer) -> tuple[dict[str, str], dict[str, Any] | None]:
+        """A talk form with a file (docs/behaviour.md §3.3): its fields, and the attachment of the
+        file once stored, through the steps of the API's upload (gate, size, type). The CSRF token
+        and the stream are checked before anything is stored."""
+        try:
+            upload = await receive_file(request, viewer.claims, gateway, blobs)
+        except ApiError as error:
+            raise Refused(error.problem.status, error.problem.detail) from None
+        try:
+            form = upload.fields
+            if not csrf_ok(viewer.session, form.get("csrf")):
+                raise Refused(403, "the form's CSRF token does not match this session; reload the page")
+            path = console.entry_or_refuse(viewer, form.get("path"))
+            if upload.file is None or (upload.file.size == 0 and not upload.file.filename):
+                return form, None  # no file chosen
+            problem = upload_gate(viewer.claims, path)
+            if problem is not None:
+                raise Refused(problem.status, problem.detail)
+            try:
+                attachment = await store_upload(blobs, viewer.claims, path, upload.file)
+            except ApiError as error:
+                raise Refused(error.problem.status, error.problem.detail) from None
+            return form, attachment.model_dump()
+        finally:
+            await asyncio.to_thread(upload.discard)
+
     @app.post("/agent/say")
     @signed_in
     async def say(request: Request, viewer: Viewer) -> Response:
-        form = await read_form(request, console.settings.gateway_max_body_bytes)
+        attachment = None
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            form, attachment = await read_upload(request, viewer)
+        else:
+            form = await read_form(request, console.settings.gateway_max_body_bytes)
         policy = form.get("policy") or POLICIES[0]
         if policy not in POLICIES:
             raise Refused(400, f"llmRequestPolicy must be one of {', '.join(POLICIES)}")
-        payload = {"role": "user", "content": form.get("content", ""), "llmRequestPolicy": {"behaviour": policy}}
+        payload: dict[str, Any] = {
+            "role": "user",
+            "content": form.get("content", ""),
+            "llmRequestPolicy": {"behaviour": policy},
+        }
+        if attachment is not None:
+            payload["files"] = [attachment]
         return await append(request, viewer, form, {"type": CONTEXT_ADDED, "payload": payload})
+
+    @app.get("/files/sha256/{hex_digest}")
+    @signed_in
+    async def file(request: Request, viewer: Viewer) -> Response:
+        """A file for a thumbnail or a link: readable with the session's token as over the API."""
+        hex_digest = str(request.path_params["hex_digest"])
+        try:
+            data = await readable(blobs, viewer.claims.scope, hex_digest)
+        except ApiError as error:
+            raise Refused(error.problem.status, error.problem.detail) from None
+        if data is None:
+            raise Refused(404, not_readable(hex_digest).problem.detail)
+        return file_response(data, hex_digest)
 
     @app.post("/agent/pause")
     @signed_in

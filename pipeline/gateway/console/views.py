@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from processors import idempotency_keys
+from processors.files import IMAGE_TYPES, blob_hex
 from processors.render import provider_role, render_cell
 from processors.scheduler import backoff_ms, decide
 from processors.state import AgentState, Cell
@@ -120,6 +121,28 @@ class EventView:
     kind: str  # a CSS class: user, assistant, system, developer, error, turn, invalid
     summary: str
     payload_json: str
+    files: tuple[FileView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FileView:
+    """An attached file as the console links it (docs/behaviour.md §3.3): images as thumbnails."""
+
+    name: str
+    content_type: str
+    size: int
+    href: str  # the console's own route: its session, not a bearer token, reads the bytes
+    image: bool
+
+
+def file_views(files: Any) -> tuple[FileView, ...]:
+    views = []
+    for file in files or ():
+        hex_digest = blob_hex(file.path)
+        href = f"/console/files/sha256/{hex_digest}" if hex_digest is not None else ""
+        image = hex_digest is not None and file.contentType in IMAGE_TYPES
+        views.append(FileView(file.filename, file.contentType, file.size, href, image))
+    return tuple(views)
 
 
 def event_view(event: Any) -> EventView:
@@ -138,6 +161,17 @@ def event_view(event: Any) -> EventView:
         marker = " (compaction summary)" if item.compaction is not None else ""
         summary = f"{item.role}{actor}{key}{marker}: {_one_line(item.content)}"
         kind = item.role
+        if item.files:
+            return EventView(
+                event.offset,
+                event.createdAt,
+                event.type,
+                short,
+                kind,
+                summary,
+                _pretty(payload),
+                file_views(item.files),
+            )
     elif short == "error-occurred":
         summary, kind = _one_line(str(payload.get("message", ""))), "error"
     elif short == "llm-request-settled":
@@ -175,6 +209,7 @@ class ProjectionItem:
     published: bool  # sealed by a request: a later item with its key appends an update
     compaction: bool
     content: str  # exactly what the model reads: header line, then the item's content
+    files: tuple[FileView, ...] = ()
 
     @property
     def header_line(self) -> str:
@@ -208,6 +243,7 @@ def _projection_item(lane: str, cell: Cell, published_through: int, transport: T
         published=cell.offset <= published_through,
         compaction=item.compaction is not None,
         content=content,
+        files=file_views(item.files),
     )
 
 

@@ -60,9 +60,12 @@
 
   async function send(form) {
     const status = form.querySelector("[data-form-status]");
+    // A form that can attach a file goes as multipart (the browser writes the boundary).
+    const data = new FormData(form);
+    const multipart = form.enctype === "multipart/form-data";
     const response = await fetch(form.action, {
       method: "POST",
-      body: new URLSearchParams(new FormData(form)),
+      body: multipart ? data : new URLSearchParams(data),
       headers: FETCH_HEADERS,
       credentials: "same-origin",
     });
@@ -76,6 +79,8 @@
     if (response.ok) {
       const text = form.querySelector("textarea");
       if (text) text.value = "";
+      const file = form.querySelector("input[type=file]");
+      if (file) file.value = "";
       schedule();
     }
   }
