@@ -335,6 +335,13 @@ class Settings(BaseModel):
             description="Longest an MCP send_message may wait for the agent's answer (its wait_seconds); a "
             "gateway shutting down waits at most this long for the answers in flight.",
         ),
+    jaeger_ui_url: Annotated[
+        str | None,
+        Field(
+            description="Base URL of a Jaeger UI (e.g. http://127.0.0.1:16686): the console's request timeline "
+            "links to the turn's trace there. Unset: no link.",
+        ),
+    ] = None
     ] = 60.0
     token: Annotated[
         str | None,

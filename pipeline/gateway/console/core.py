@@ -4,6 +4,7 @@ holds the gateway, the journal mirror, the sessions and the sign-in limits the r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,9 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader
 
 from pipeline.gateway.console.guards import LiveStreamSlots, RateLimiter
-from pipeline.gateway.console.mirror import JournalMirror, MirroredStream
+from pipeline.gateway.console.mirror import JournalMirror, MirroredStream, TurnOffsets
 from pipeline.gateway.console.sessions import COOKIE, Session, SessionBook
+from pipeline.gateway.console.timeline import TRACEPARENT, TurnTimes, trace_link, turn_times
 from pipeline.gateway.console.views import (
     STATUS_LABELS,
     agent_row,
@@ -120,6 +122,45 @@ class Console:
         context = self.mirror.read(path, view)
         assert context is not None
         return {"path": path, **context}
+
+    async def turn(self, path: str, offset: int) -> tuple[TurnTimes, str | None] | None:
+        """Request `offset`'s turn as the journal records it, and the link to its trace in Jaeger
+        (when `AGENTSTREAM_JAEGER_UI_URL` is set and its journal record carries a traceparent)."""
+
+        def view(entry: MirroredStream) -> tuple[int, TurnOffsets] | None:
+            turn = entry.turns.get(offset)  # copied under the lock: the follower fills it in
+            return None if turn is None else (entry.partition, dataclasses.replace(turn))
+
+        found = self.mirror.read(path, view)
+        if found is None:
+            return None
+        partition, turn = found
+        scripts = (turn.script_requested, turn.script_started, turn.script_settled)
+        wanted = [o for o in (offset, turn.trigger, turn.settled, *scripts) if o is not None]
+        records = {r.event.offset: r for r in await self.mirror.records(path, wanted)}
+        if offset not in records:
+            return None
+        # When the trigger was appended and the answer came back: the Kafka timestamps of the
+        # commands behind those journal records (their `source-offset` headers name them).
+        appended = await self._command_time(partition, records.get(turn.trigger or 0))
+        answered = await self._command_time(partition, records.get(turn.settled or 0))
+        events = {o: r.event for o, r in records.items()}
+        times = turn_times(offset, events, turn.trigger, turn.settled, scripts, appended, answered)
+        request = records[offset]
+        parent = request.headers.get(TRACEPARENT)
+        if parent is None and turn.trigger in records:
+            parent = records[turn.trigger].headers.get(TRACEPARENT)
+        return times, trace_link(self.settings.jaeger_ui_url, parent)
+
+    async def _command_time(self, partition: int, record: Any) -> int | None:
+        source = None if record is None else record.headers.get("source-offset")
+        if source is None or not source.isdigit():
+            return None  # a scheduler decision, or an event journaled before the header existed
+        internal = record.headers.get("source-topic") == b"internal"
+        topic = self.gateway.topics.internal_appends if internal else self.gateway.topics.appends
+        found = await self.mirror.command_records(topic, partition, [int(source)])
+        command = found.get(int(source))
+        return None if command is None else command.timestamp_ms
 
     async def rendered_request(
         self, path: str, offset: int, transport: Transport

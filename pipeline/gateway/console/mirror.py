@@ -31,10 +31,13 @@ from pipeline.kafka.read import consume_ready, watermarks
 from pipeline.settings import Settings
 from processors.reducer import fold
 from processors.state import AgentState
+from schemas.capabilities import AGENT_OUTPUT_PREFIX, SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.events import (
     AGENT_PAUSED,
     AGENT_RESUMED,
+    CONTEXT_ADDED,
     LLM_REQUEST_REQUESTED,
+    LLM_REQUEST_SETTLED,
     EnvelopeError,
     InvalidPayloadEvent,
     decode_event,
@@ -58,12 +61,45 @@ class RequestInfo:
 
 
 @dataclass(slots=True)
+class TurnOffsets:
+    """The journal offsets of one request's turn, for its timeline (a few ints per request)."""
+
+    trigger: int | None
+    settled: int | None = None
+    answer: int | None = None
+    script_requested: int | None = None
+    script_started: int | None = None
+    script_settled: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    """A journal event with its Kafka record's headers and timestamp (epoch ms)."""
+
+    event: Any
+    headers: dict[str, bytes]
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    value: bytes
+    headers: dict[str, bytes]
+    timestamp_ms: int
+
+    def __len__(self) -> int:  # what it costs the record cache
+        return len(self.value)
+
+
+@dataclass(slots=True)
 class MirroredStream:
     path: str
     partition: int
     state: AgentState = field(default_factory=AgentState)
     positions: array[int] = field(default_factory=lambda: array("q"))  # journal offset i+1 -> Kafka offset
     requests: dict[int, RequestInfo] = field(default_factory=dict)
+    turns: dict[int, TurnOffsets] = field(default_factory=dict)  # by request offset
+    answers: dict[int, int] = field(default_factory=dict)  # assistant item offset -> its request
     pause_reason: str | None = None
 
 
@@ -73,9 +109,10 @@ class RecordCache:
     def __init__(self, budget: int) -> None:
         self._budget = budget
         self._size = 0
-        self._records: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._records: OrderedDict[tuple[str, int], Any] = OrderedDict()
 
-    def put(self, key: tuple[str, int], value: bytes) -> None:
+    def put(self, key: tuple[str, int], value: Any) -> None:
+        """`value`: anything with a length in bytes (a `RawRecord`)."""
         if len(value) > self._budget // 16:
             return  # one huge record must not flush everything else
         old = self._records.pop(key, None)
@@ -87,7 +124,7 @@ class RecordCache:
             _, dropped = self._records.popitem(last=False)
             self._size -= len(dropped)
 
-    def get(self, key: tuple[str, int]) -> bytes | None:
+    def get(self, key: tuple[str, int]) -> Any:
         value = self._records.get(key)
         if value is not None:
             self._records.move_to_end(key)
@@ -157,7 +194,11 @@ class JournalMirror:
 
     async def events(self, path: str, offsets: list[int]) -> list[Any]:
         """Decoded journal events of `path` at `offsets` (in that order; unknown offsets left out)."""
-        raw: dict[int, bytes] = {}
+        return [record.event for record in await self.records(path, offsets)]
+
+    async def records(self, path: str, offsets: list[int]) -> list[JournalRecord]:
+        """`events`, each with its Kafka record's headers and timestamp."""
+        raw: dict[int, RawRecord] = {}
         missing: dict[int, int] = {}  # Kafka offset -> journal offset
         partition = 0
         with self.lock:
@@ -174,23 +215,33 @@ class JournalMirror:
                 else:
                     missing[entry.positions[offset - 1]] = offset
         if missing:
-            fetched = await asyncio.to_thread(self._fetch, partition, sorted(missing))
+            fetched = await asyncio.to_thread(self._fetch, self._topic, partition, sorted(missing))
             for position, value in fetched.items():
                 raw[missing[position]] = value
-        events = []
+        records = []
         for offset in offsets:
-            value = raw.get(offset)
-            if value is not None:
+            found = raw.get(offset)
+            if found is not None:
                 try:
-                    events.append(decode_event(value))
+                    records.append(JournalRecord(decode_event(found.value), found.headers, found.timestamp_ms))
                 except EnvelopeError:
                     continue
-        return events
+        return records
 
-    def _fetch(self, partition: int, positions: list[int]) -> dict[int, bytes]:
-        """Records of one journal partition at these Kafka offsets (ascending)."""
+    async def command_records(self, topic: str, partition: int, positions: list[int]) -> dict[int, RawRecord]:
+        """Records of a command topic at these Kafka offsets (a turn's timeline reads when its
+        commands were appended); offsets gone by retention, or a topic this gateway may not read,
+        are left out."""
+        try:
+            return await asyncio.to_thread(self._fetch, topic, partition, sorted(set(positions)))
+        except KafkaException as error:
+            log.info("console: cannot read %s[%d]: %s", topic, partition, error)
+            return {}
+
+    def _fetch(self, topic: str, partition: int, positions: list[int]) -> dict[int, RawRecord]:
+        """Records of one partition of `topic` at these Kafka offsets (ascending)."""
         wanted = set(positions)
-        found: dict[int, bytes] = {}
+        found: dict[int, RawRecord] = {}
         with self._reader_lock:
             if self._reader is None:
                 self._reader = self._consumer()
@@ -201,7 +252,7 @@ class JournalMirror:
             while index < len(positions) and time.monotonic() < deadline:
                 target = positions[index]
                 if last_read < 0 or not last_read < target <= last_read + READ_ON_RECORDS:
-                    reader.assign([TopicPartition(self._topic, partition, target)])
+                    reader.assign([TopicPartition(topic, partition, target)])
                 messages = consume_ready(reader, 500, 1.0)
                 if not messages:
                     index += 1  # gone (retention): leave it out rather than wait for it
@@ -212,7 +263,7 @@ class JournalMirror:
                         continue
                     last_read = message.offset()
                     if last_read in wanted:
-                        found[last_read] = message.value()
+                        found[last_read] = _raw(message)
                 while index < len(positions) and (positions[index] in found or positions[index] <= last_read):
                     index += 1
             reader.unassign()
@@ -311,11 +362,11 @@ class JournalMirror:
                 entry = self._entries.get(path)
                 if entry is None:
                     entry = self._entries[path] = MirroredStream(path, partition)
-                if self._add(entry, event, position, value):
+                if self._add(entry, event, position, _raw(message)):
                     changed.add(path)
         return changed
 
-    def _add(self, entry: MirroredStream, event: Any, position: int, value: bytes) -> bool:
+    def _add(self, entry: MirroredStream, event: Any, position: int, value: RawRecord) -> bool:
         offset = event.offset
         if offset <= entry.state.cursor:
             return False  # a record the journal worker produced twice (at-least-once): folded already
@@ -334,8 +385,50 @@ class JournalMirror:
             return True
         if event.type == LLM_REQUEST_REQUESTED:
             entry.requests[offset] = RequestInfo(event.createdAt, event.payload.model)
+            opened = entry.state.open
+            entry.turns[offset] = TurnOffsets(opened.triggerOffset if opened and opened.offset == offset else None)
+        elif event.type in _TURN_EVENTS:
+            _index_turn(entry, event)
         elif event.type == AGENT_PAUSED and entry.state.paused:
             entry.pause_reason = event.payload.reason
         elif event.type == AGENT_RESUMED:
             entry.pause_reason = None
         return True
+
+
+_TURN_EVENTS = frozenset(
+    {LLM_REQUEST_SETTLED, CONTEXT_ADDED, SCRIPT_RUN_REQUESTED, SCRIPT_RUN_STARTED, SCRIPT_RUN_SETTLED}
+)
+
+
+def _index_turn(entry: MirroredStream, event: Any) -> None:
+    """Remember which events belong to which request's turn (its settlement, its answer, the run
+    of the code the answer holds: docs/behaviour.md §4.3, §6.3)."""
+    payload = event.payload
+    if event.type == LLM_REQUEST_SETTLED:
+        turn = entry.turns.get(payload.requestOffset)
+        if turn is not None:
+            turn.settled = event.offset
+    elif event.type == CONTEXT_ADDED:
+        request = payload.llmRequestOffset if payload.role == "assistant" else None
+        turn = None if request is None else entry.turns.get(request)
+        if turn is not None and turn.answer is None:
+            turn.answer = event.offset
+            entry.answers[event.offset] = request
+    else:
+        execution = payload.executionId
+        answer = execution[len(AGENT_OUTPUT_PREFIX) :] if execution.startswith(AGENT_OUTPUT_PREFIX) else ""
+        turn = entry.turns.get(entry.answers.get(int(answer), 0)) if answer.isdigit() else None
+        if turn is None:
+            return
+        if event.type == SCRIPT_RUN_REQUESTED:
+            turn.script_requested = event.offset
+        elif event.type == SCRIPT_RUN_STARTED:
+            turn.script_started = event.offset
+        else:
+            turn.script_settled = event.offset
+
+
+def _raw(message: Any) -> RawRecord:
+    _, timestamp = message.timestamp()
+    return RawRecord(message.value(), dict(message.headers() or ()), timestamp)

@@ -41,6 +41,7 @@ from pipeline.gateway.console.guards import foreign_sign_in, retry_after
 from pipeline.gateway.console.mirror import MirroredStream
 from pipeline.gateway.console.responses import LiveStream, SecurityHeaders
 from pipeline.gateway.console.sessions import COOKIE, SESSION_TTL_S, csrf_ok
+from pipeline.gateway.console.timeline import turn_timeline, waterfall
 from pipeline.gateway.console.views import (
     agent_row,
     cached_prefix,
@@ -311,6 +312,8 @@ def build_console(gateway: Gateway, blobs: BlobStore) -> tuple[FastAPI, Console]
             previous = None if found is None else found[0]
         shaded = cached_prefix(previous, messages)
         cached, total = cached_share(shaded)
+        turn = await console.turn(path, offset)
+        timeline = None if turn is None else turn_timeline(turn[0])
         return console.page(
             "request.html",
             viewer,
@@ -325,6 +328,9 @@ def build_console(gateway: Gateway, blobs: BlobStore) -> tuple[FastAPI, Console]
             transport=transport,
             transports=TRANSPORTS,
             body_json=orjson.dumps({"model": model, "messages": messages}, option=orjson.OPT_INDENT_2).decode(),
+            timeline=timeline,
+            waterfall=None if timeline is None else waterfall(timeline),
+            trace_url=None if turn is None else turn[1],
             **console.status_context(path),
         )
 
