@@ -8,6 +8,7 @@ configuration and invalid payloads.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import operator
 from typing import Any
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.cli.fold_command import fold_lines
+from processors.files import TRANSPORT_INPUTS, blob_path, file_url, render_files, sniff_content_type
 from processors.reducer import fold
 from processors.render import (
     CONTEXT_PROTOCOL,
@@ -40,8 +42,9 @@ from schemas.events import (
     InvalidPayloadEvent,
     decode_event,
 )
-from schemas.requests import TRANSPORTS
+from schemas.requests import TRANSPORTS, Message
 from tests.journal import AFTER_CURRENT, DONT_TRIGGER, INTERRUPT, Journal
+from tests.support.files import pdf, png, zip_bomb
 
 PROPERTY_SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -74,6 +77,23 @@ REFS = [
     {"type": "git-commit", "repoPath": "/repo", "commitOid": "abc"},
 ]
 FILE = {"contentType": "text/plain", "filename": "a.txt", "path": "/f/a.txt", "size": 3, "url": "https://f/a"}
+# Files in the blob store (§3.3): an image, a PDF, a text file, an archive, and one whose blob is missing.
+BLOB_BYTES = {"shot.png": png(6, 6), "doc.pdf": pdf(), "notes.csv": b"a,b\n1,2\n", "x.zip": zip_bomb(1)}
+BLOB_FILES = [
+    {
+        "contentType": sniff_content_type(data, complete=True),
+        "filename": name,
+        "path": blob_path(hashlib.sha256(data).hexdigest()),
+        "size": len(data),
+        "url": file_url(hashlib.sha256(data).hexdigest()),
+    }
+    for name, data in BLOB_BYTES.items()
+]
+MISSING = png(3, 3, (1, 1, 1))
+BLOB_FILES.append({**BLOB_FILES[0], "path": blob_path(hashlib.sha256(MISSING).hexdigest()), "filename": "gone.png"})
+BLOBS: dict[str, bytes | None] = {hashlib.sha256(data).hexdigest(): data for data in BLOB_BYTES.values()}
+BLOBS[hashlib.sha256(MISSING).hexdigest()] = None
+FILES = [FILE, *BLOB_FILES]
 KIND_WEIGHTS = {
     "item": 8,
     "request": 2,
@@ -93,7 +113,7 @@ KINDS = [kind for kind, weight in KIND_WEIGHTS.items() for _ in range(weight)]
 
 
 @st.composite
-def journals(draw: st.DrawFn, max_events: int = 32) -> Journal:
+def journals(draw: st.DrawFn, max_events: int = 32, file_odds: int = 10) -> Journal:
     j = Journal()
     requests: list[int] = []
     for _ in range(draw(st.integers(1, max_events))):
@@ -102,7 +122,11 @@ def journals(draw: st.DrawFn, max_events: int = 32) -> Journal:
             role = draw(st.sampled_from(["system", "developer", "developer", "user", "user", "assistant"]))
             actor = draw(st.sampled_from(SYSTEM_ACTORS if role == "system" else ACTORS))
             refs = draw(st.lists(st.sampled_from(REFS), max_size=2)) or None
-            files = [FILE] if draw(st.integers(0, 9)) == 0 else None
+            files = (
+                draw(st.lists(st.sampled_from(FILES), min_size=1, max_size=3))
+                if draw(st.integers(1, file_odds)) == 1
+                else None
+            )
             j.item(
                 role,
                 draw(st.sampled_from(CONTENTS)),
@@ -222,6 +246,55 @@ def test_3_earlier_request_is_a_prefix_of_a_later_one_without_compaction_or_syst
                 earlier = render_messages(fresh(events, r1), transport, j.created_at(r1))[:-1]
                 later = render_messages(fresh(events, r2), transport, j.created_at(r2))
                 assert dump(later[: len(earlier)]) == dump(earlier)
+
+
+def sent(messages: list[dict[str, Any]], transport: str, budget: int | None = None) -> list[dict[str, Any]]:
+    """The messages as the caller sends them: files rendered from the blobs (§3.3)."""
+    records = [Message.model_validate(message) for message in messages]
+    return render_files(records, BLOBS, TRANSPORT_INPUTS[transport], budget)
+
+
+@PROPERTY_SETTINGS
+@given(journals(file_odds=3))
+def test_3_3_with_files_an_earlier_request_as_sent_is_a_prefix_of_a_later_one(j: Journal) -> None:
+    """§3.3 stability: the parts of a published item are byte-identical in every later request, so
+    a prompt-cache prefix holds with files as without them."""
+    events = j.decoded()
+    requests = request_offsets(events)
+    for i, r1 in enumerate(requests):
+        for r2 in requests[i + 1 :]:
+            if any(changes_prefix(e) for e in events if r1 < e.offset <= r2):
+                break
+            for transport in TRANSPORTS:
+                earlier = sent(render_messages(fresh(events, r1), transport, j.created_at(r1))[:-1], transport)
+                later = sent(render_messages(fresh(events, r2), transport, j.created_at(r2)), transport)
+                assert dump(later[: len(earlier)]) == dump(earlier)
+
+
+@PROPERTY_SETTINGS
+@given(journals(file_odds=2), st.sampled_from([8 * 1024, 16 * 1024, 64 * 1024, None]))
+def test_3_3_files_as_sent_are_deterministic_and_within_budget_unless_every_file_is_a_hint(
+    j: Journal, budget: int | None
+) -> None:
+    """§3.3: "file bytes count against the request budget; over it, the newest files fall back to
+    hint lines first"; the same request always sends the same bytes."""
+    events = j.decoded()
+    for r in request_offsets(events):
+        for transport in TRANSPORTS:
+            messages = render_messages(fresh(events, r), transport, j.created_at(r))
+            first = sent(messages, transport, budget)
+            assert dump(sent(messages, transport, budget)) == dump(first)
+            unlimited = sent(messages, transport)
+            if budget is None or len(dump(unlimited)) <= budget:
+                assert first == unlimited  # within budget: exactly as without one
+                continue
+            hints = sent(messages, transport, 0)  # every file a hint line
+            assert len(dump(first)) <= budget or first == hints
+            # The files that kept their bytes are the oldest ones: a prefix of the file order.
+            carried = [isinstance(m["content"], list) or "[file: " in m["content"] for m in first]
+            full = [isinstance(m["content"], list) or "[file: " in m["content"] for m in unlimited]
+            kept = [c for c, f in zip(carried, full, strict=True) if f]
+            assert kept == sorted(kept, reverse=True)
 
 
 # --- §3.1: third-party text never gets instruction roles ------------------------------------------
