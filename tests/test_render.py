@@ -543,7 +543,7 @@ def test_3_budget_when_even_cut_system_items_cannot_all_fit_the_newest_go_behind
     ]
 
 
-def test_3_3_a_past_request_renders_within_its_own_models_budget_as_the_worker_sent_it() -> None:
+def test_3_4_a_past_request_renders_within_its_own_models_budget_as_the_worker_sent_it() -> None:
     """`render_request` (the console's and `agent request`'s view of request R) renders with the
     budget of R's model: a history item over that model's window shows cut, with its notice, exactly
     as the model received it; under a model with a large window the same item shows whole."""
@@ -567,11 +567,11 @@ def test_3_3_a_past_request_renders_within_its_own_models_budget_as_the_worker_s
     assert worker == tiny
 
 
-# --- §3.3 the size limits at their exact values --------------------------------------------------------
+# --- §3.4 the size limits at their exact values --------------------------------------------------------
 
 
-def test_3_3_the_budget_limits_are_8_kib_to_4_mib_and_an_item_512_bytes_to_the_request_budget() -> None:
-    """§3.3: the request budget is "default and maximum 4 MiB, minimum 8 KiB"; one item's content
+def test_3_4_the_budget_limits_are_8_kib_to_4_mib_and_an_item_512_bytes_to_the_request_budget() -> None:
+    """§3.4: the request budget is "default and maximum 4 MiB, minimum 8 KiB"; one item's content
     "default 512 KiB, at most the request budget"."""
     assert (DEFAULT_BUDGET.request_bytes, DEFAULT_BUDGET.item_bytes) == (4_194_304, 524_288)
     assert Settings.from_env({}).render_budget == RenderBudget(4_194_304, 524_288)
@@ -585,8 +585,8 @@ def test_3_3_the_budget_limits_are_8_kib_to_4_mib_and_an_item_512_bytes_to_the_r
             RenderBudget(request_bytes=8192, item_bytes=item_bytes)
 
 
-def test_3_3_an_item_exactly_at_the_item_cap_renders_whole_and_one_byte_more_is_cut() -> None:
-    """§3.3: "A request within budget renders exactly as it would without one"; beyond the item cap
+def test_3_4_an_item_exactly_at_the_item_cap_renders_whole_and_one_byte_more_is_cut() -> None:
+    """§3.4: "A request within budget renders exactly as it would without one"; beyond the item cap
     an item "is cut to its longest prefix that fits together with the notice"."""
     for extra, whole in ((0, True), (1, False)):
         j = Journal()
@@ -605,8 +605,8 @@ def test_3_3_an_item_exactly_at_the_item_cap_renders_whole_and_one_byte_more_is_
             assert content.endswith(f"The journal keeps it whole at @{item}.]")
 
 
-def test_3_3_a_request_exactly_at_its_budget_renders_whole_and_one_byte_less_leaves_out_the_oldest_item() -> None:
-    """§3.3: over the request budget the oldest history item goes behind the notice, worded for one
+def test_3_4_a_request_exactly_at_its_budget_renders_whole_and_one_byte_less_leaves_out_the_oldest_item() -> None:
+    """§3.4: over the request budget the oldest history item goes behind the notice, worded for one
     item: `… 1 earlier history item, @<n> to @<n> (<chars> characters). The journal keeps it …`."""
     j = Journal()
     j.system("policy", key="agent/system-prompt")
@@ -630,8 +630,8 @@ def test_3_3_a_request_exactly_at_its_budget_renders_whole_and_one_byte_less_lea
     assert render_messages(state, "openai", j.created_at(r), RenderBudget(size(tighter), 1024)) == tighter
 
 
-def test_3_3_the_left_out_notice_names_the_lowest_and_highest_offsets_though_lane_offsets_need_not_increase() -> None:
-    """§3.3 with §2.3: an unpublished slot replaced in place keeps its early position with a later
+def test_3_4_the_left_out_notice_names_the_lowest_and_highest_offsets_though_lane_offsets_need_not_increase() -> None:
+    """§3.4 with §2.3: an unpublished slot replaced in place keeps its early position with a later
     offset, so the left-out items' offsets are not in order: the notice names `@<low> to @<high>`."""
     j = Journal()
     j.system("policy", key="agent/system-prompt")
