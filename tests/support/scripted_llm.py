@@ -31,6 +31,10 @@ the auto usage) with HTTP 400 in that server's words, without consuming the scri
 ``Fail(401, echo_headers=("authorization",))`` quotes request headers in its error message, like
 a provider or proxy that echoes credentials back.
 
+Content parts are checked as the chat API checks them (``content_part_problem``): ``text``,
+``image_url`` with an image data URL and ``file`` with a filename and a PDF data URL, the last two
+in user messages only; anything else is HTTP 400 (docs/behaviour.md §3.3).
+
 Inside a running event loop use ``await llm.astart()`` / ``await llm.astop()`` instead (then
 use the async waiters ``await llm.await_requests(...)``, never the blocking ones).
 
