@@ -44,7 +44,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 from pipeline.kafka.faust_committed import RAW, broker_url, faust_credentials
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges_async
-from pipeline.settings import Settings
+from pipeline.settings import AIOKAFKA_METADATA_MAX_AGE_MS, Settings
 from processors.reducer import epoch_ms
 from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source
 from schemas.events import AGENT_CREATED
@@ -114,6 +114,8 @@ def build_app(settings: Settings) -> faust.App:
         producer_acks=-1,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=1.0,
+        consumer_metadata_max_age_ms=AIOKAFKA_METADATA_MAX_AGE_MS,  # see its comment
+        producer_metadata_max_age_ms=AIOKAFKA_METADATA_MAX_AGE_MS,
         producer_linger_ms=2,
         stream_wait_empty=False,
         table_standby_replicas=0,

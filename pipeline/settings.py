@@ -28,6 +28,13 @@ from processors.render import (
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.requests import MAX_MESSAGES_BYTES, Transport
 
+# aiokafka (0.14) retries a failed ListOffsets (resetting a position after a rebalance) against
+# the leader its metadata names, without refreshing that metadata: with a view taken while a
+# broker was down it asked a follower for minutes and the partition's calls waited
+# (docs/operations.md, "What survives what"). Metadata no older than this bounds the loop.
+AIOKAFKA_METADATA_MAX_AGE_MS = 5_000
+
+
 ENV_PREFIX = "AGENTSTREAM_"
 WINDOW_FLOOR_BYTES = 4096
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -328,13 +335,6 @@ class Settings(BaseModel):
     gateway_console_live_streams: Annotated[
         int, Field(ge=1, description="Live-update streams the console serves at once, all sessions together.")
     ] = 1000
-    mcp_max_wait_s: Annotated[
-        float,
-        Field(
-            ge=0,
-            description="Longest an MCP send_message may wait for the agent's answer (its wait_seconds); a "
-            "gateway shutting down waits at most this long for the answers in flight.",
-        ),
     jaeger_ui_url: Annotated[
         str | None,
         Field(
@@ -342,6 +342,13 @@ class Settings(BaseModel):
             "links to the turn's trace there. Unset: no link.",
         ),
     ] = None
+    mcp_max_wait_s: Annotated[
+        float,
+        Field(
+            ge=0,
+            description="Longest an MCP send_message may wait for the agent's answer (its wait_seconds); a "
+            "gateway shutting down waits at most this long for the answers in flight.",
+        ),
     ] = 60.0
     token: Annotated[
         str | None,
@@ -448,12 +455,17 @@ class Settings(BaseModel):
         return options
 
     def aiokafka_consumer_config(self) -> dict[str, Any]:
-        """aiokafka consumer settings: `aiokafka_config()` reading committed records only.
+        """aiokafka consumer settings: `aiokafka_config()` reading committed records only, with
+        metadata refreshed every `AIOKAFKA_METADATA_MAX_AGE_MS`.
 
         The journal worker writes in Kafka transactions (docs/architecture.md, "Fencing"); aiokafka
         reads `read_uncommitted` by default, which would hand out the records of aborted ones.
         """
-        return {**self.aiokafka_config(), "isolation_level": "read_committed"}
+        return {
+            **self.aiokafka_config(),
+            "isolation_level": "read_committed",
+            "metadata_max_age_ms": AIOKAFKA_METADATA_MAX_AGE_MS,
+        }
 
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka (confluent-kafka) connection settings."""

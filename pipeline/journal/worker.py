@@ -39,7 +39,7 @@ from pipeline.journal.recovery import Recovery
 from pipeline.kafka.faust_committed import RAW, CommittedTableManager, broker_url, faust_credentials
 from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.producer import PartitionProducer
-from pipeline.settings import Settings
+from pipeline.settings import AIOKAFKA_METADATA_MAX_AGE_MS, Settings
 from processors.row_codec import RowFormatError
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 
@@ -116,6 +116,8 @@ def build_app(settings: Settings) -> faust.App:
         producer_acks=-1,
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=1.0,
+        consumer_metadata_max_age_ms=AIOKAFKA_METADATA_MAX_AGE_MS,  # see its comment
+        producer_metadata_max_age_ms=AIOKAFKA_METADATA_MAX_AGE_MS,
         consumer_group_instance_id=settings.worker_instance_id,
         # Faust's own (aiokafka) producer sends only assignment ticks; every data record goes
         # through a transactional librdkafka producer per partition (`PartitionProducer`).
