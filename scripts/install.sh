@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what agentstream needs into <repo>/.venv: the Python deps (pinned in pyproject.toml,
 # dev extras included), the Kafka broker and s3proxy jars (Maven) and, when missing, Debian's chromium and
-# chromedriver for the console's browser tests (apt-get, as root or through sudo). Idempotent; safe to re-run.
+# chromedriver for the console's browser tests and Debian's prometheus for the chart's alert and dashboard
+# tests (apt-get, as root or through sudo). Idempotent; safe to re-run.
 #   --model   also install the embedded model (llama-cpp-python compiles: minutes the first time)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,6 +45,20 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   fi
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver
+fi
+
+# Alert rules and dashboard queries are checked by Debian's Prometheus (tests/test_monitoring.py):
+# promtool checks and unit-tests the chart's rules; the server evaluates every dashboard query.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  echo "==> prometheus and promtool (Debian package, for the chart's alert and dashboard tests)"
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null || { echo "install.sh: run as root or install sudo to get prometheus" >&2; exit 2; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  # RUNLEVEL=1: invoke-rc.d then starts no service; only the binaries are wanted.
+  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 "${sudo[@]}" apt-get install -y -qq --no-install-recommends prometheus
 fi
 
 if [[ "${1:-}" == "--model" ]]; then
