@@ -115,7 +115,7 @@ def journal_command(
     }
     if key is not None:
         envelope["idempotencyKey"] = key
-    envelope["createdAt"] = format_created_at(max(now_ms, _last_ms(state)))
+    envelope["createdAt"] = next_created_at(now_ms, state.last_event_created_at)
     model = TYPED_EVENTS.get(command.type, OtherEvent)
     try:
         event = model.model_validate(envelope)
@@ -134,9 +134,16 @@ def journal_command(
     return Journaled(event, record, changed)
 
 
-def _last_ms(state: AgentState) -> int:
-    """createdAt never goes backwards within a stream, whatever the wall clock does."""
-    return 0 if state.last_event_created_at is None else epoch_ms(state.last_event_created_at)
+def next_created_at(now_ms: int, last: str | None) -> str:
+    """The createdAt of a stream's next event: now, but never before its last event's, whatever the
+    wall clock does. Every createdAt is written by `format_created_at` (fixed width, UTC), so two
+    compare as strings in time order and the last one need not be parsed on this hot path."""
+    stamp = format_created_at(now_ms)
+    if last is None or stamp >= last:
+        return stamp
+    if len(last) != len(stamp):  # not of this format: compare the instants
+        return format_created_at(max(now_ms, epoch_ms(last)))
+    return last
 
 
 def apply_event(

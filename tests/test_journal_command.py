@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from processors import row_codec, rows
-from processors.journal import Duplicate, Journaled, Rejected, format_created_at, payload_hash
+from processors.journal import Duplicate, Journaled, Rejected, format_created_at, next_created_at, payload_hash
 from schemas.events import AGENT_PAUSED, CONTEXT_ADDED, AppendCommand
 from tests.support.journal_stream import PATH, JournaledStream
 
@@ -211,3 +211,13 @@ def test_1_unknown_command_fields_and_an_empty_type_make_the_command_invalid() -
         AppendCommand.model_validate(command(order=1))
     with pytest.raises(ValidationError, match="type"):
         AppendCommand.model_validate(command(type=""))
+
+
+def test_1_created_at_never_goes_back_even_after_a_last_stamp_of_another_width() -> None:
+    """§1 createdAt: compared as strings when both are the journal's own fixed-width stamps, and as
+    instants otherwise (a stamp with an offset instead of `Z`)."""
+    assert next_created_at(1_000, "1970-01-01T00:00:02.000Z") == "1970-01-01T00:00:02.000Z"
+    assert next_created_at(3_000, "1970-01-01T00:00:02.000Z") == "1970-01-01T00:00:03.000Z"
+    assert next_created_at(1_000, "1970-01-01T00:00:02.000+00:00") == "1970-01-01T00:00:02.000Z"
+    assert next_created_at(3_000, "1970-01-01T00:00:02.000+00:00") == "1970-01-01T00:00:03.000Z"
+    assert next_created_at(5, None) == "1970-01-01T00:00:00.005Z"
