@@ -86,6 +86,9 @@ class DirectoryBlobStore:
         if target.exists():
             return
         target.parent.mkdir(parents=True, exist_ok=True)
+        if source.parent == self.temp_dir():  # an upload spooled here: move it, do not copy it
+            os.replace(source, target)
+            return
         staged = Path(tempfile.mkstemp(dir=self.temp_dir(), prefix="put-")[1])
         try:
             shutil.copyfile(source, staged)
