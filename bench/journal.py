@@ -27,6 +27,11 @@ baseline measured in the same run on the same machine:
   records: decode (JSON bytes -> validated event) + fold, in this process, no Kafka, no rows (what
   `bench/reduce.py` measures, with the journal worker's GC policy and with replay's). Targets:
   jobs 1 >= 60% of the pure fold; jobs 2 >= 1.5x jobs 1.
+- traces' cost (`--traces`: only this): sustained appends/s with tracing off (no `OTEL_*`
+  variable, commands without a traceparent) against on (`OTEL_EXPORTER_OTLP_ENDPOINT` naming an
+  OTLP/HTTP sink in this process that accepts and drops every batch, every command carrying a
+  traceparent as a tracing client sends it, so the worker makes one `agentstream.journal` span per
+  command and exports it), run alternately, best of each (docs/behaviour.md §8).
 - changelog bytes per appended context event (sum of key + value sizes of the records read back from
   `<app_id>-rows-changelog`) while one stream's projection holds ~10 items, and ~10 000 items.
 """
@@ -106,11 +111,16 @@ def new_producer(**extra: Any) -> Producer:
     )
 
 
-def produce_all(producer: Producer, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+def produce_all(
+    producer: Producer, topic: str, records: list[tuple[bytes, bytes]], headers: list[tuple[str, bytes]] | None = None
+) -> None:
     for key, value in records:
         while True:
             try:
-                producer.produce(topic, key=key, value=value)
+                if headers is None:
+                    producer.produce(topic, key=key, value=value)
+                else:
+                    producer.produce(topic, key=key, value=value, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.01)
@@ -308,14 +318,50 @@ def passthrough_main(source: str, target: str) -> None:
     consumer.close()
 
 
+class OtlpSink:
+    """An OTLP/HTTP endpoint that accepts every span batch and drops it: what the worker pays to
+    trace and export, without a trace backend's own cost on this machine."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        sink = self
+        self.batches = 0
+        self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("content-length") or 0)
+                self.rfile.read(size)
+                sink.batches += 1
+                sink.bytes += size
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # --- the bench ------------------------------------------------------------------------------------
 
 
 class Bench:
-    def __init__(self, quick: bool, partitions: int, latency_rate: float = 2000.0) -> None:
+    def __init__(self, quick: bool, partitions: int, latency_rate: float = 2000.0, traces: bool = False) -> None:
         from tests.kafka_stack import Stack
 
         self.quick = quick
+        self.traces = traces
         self.partitions = partitions
         self.latency_rate = latency_rate
         self.tmp = Path(tempfile.mkdtemp(prefix="agentstream-bench-"))
@@ -344,21 +390,58 @@ class Bench:
         self.stack.settings = self.settings = self.settings.model_copy(update={"transactions": transactions})
         self.start_worker()
 
+    def restart_worker_traced(self, traced: bool, endpoint: str) -> None:
+        """The journal worker again, with the standard OTel variables set (tracing on) or not."""
+        self.stack.stop_worker()
+        if traced:
+            os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "bench-journal"})
+        else:
+            for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"):
+                os.environ.pop(name, None)
+        try:
+            self.start_worker()
+        finally:
+            for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"):
+                os.environ.pop(name, None)
+
+    def traces_cost(self, n: int) -> None:
+        """Sustained appends/s with tracing off and on, alternately (docs/behaviour.md §8)."""
+        sink = OtlpSink()
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        try:
+            for traced in (False, True, False, True):
+                self.restart_worker_traced(traced, sink.endpoint)
+                rates[traced].append(self.throughput(n, traced=traced))
+                print(f"[bench]   tracing {'on' if traced else 'off'}: {rates[traced][-1]:,.0f} /s", file=sys.stderr)
+        finally:
+            self.restart_worker_traced(False, sink.endpoint)
+            sink.close()
+        on, off = max(rates[True]), max(rates[False])
+        self.add("sustained appends/s, tracing on", f"{on:,.0f} /s", f"tracing off {off:,.0f} /s", f"{on / off:.0%}")
+        self.notes.append(
+            "tracing on: "
+            + ", ".join(f"{r:,.0f}" for r in rates[True])
+            + " /s; off: "
+            + ", ".join(f"{r:,.0f}" for r in rates[False])
+            + f" /s (each run in order); the sink received {sink.batches} span batches, {sink.bytes:,} bytes"
+        )
+
     def worker_pid(self) -> int:
         assert self.stack.worker is not None
         return self.stack.worker.pid
 
     # 1. throughput ------------------------------------------------------------------------------
 
-    def throughput(self, n: int, streams: int = 200) -> float:
+    def throughput(self, n: int, streams: int = 200, traced: bool = False) -> float:
         paths = [f"/bench/t{i:03d}" for i in range(streams)]
         records = [(paths[i % streams].encode(), command(paths[i % streams], f"t#{i}")) for i in range(n)]
+        headers = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")] if traced else None
         start = self.journal_marks.total()
         samples: list[tuple[float, int]] = []
         waiter = threading.Thread(target=wait_for_count, args=(self.journal_marks, start + n, 600, samples))
         waiter.start()
         produced_at = time.perf_counter()
-        produce_all(self.producer, self.topics.appends, records)
+        produce_all(self.producer, self.topics.appends, records, headers)
         waiter.join()
         # From the first command produced to the last journaled: records become visible a whole
         # checkpoint (transaction) at a time, so a window between two sample counts would measure
@@ -571,6 +654,11 @@ class Bench:
 
         print(f"[bench] topics prefix {self.settings.topic_prefix}, data {self.tmp}", file=progress, flush=True)
         self.start_worker()
+        if self.traces:
+            print(f"[bench] traces: {n_throughput} commands, tracing off and on, alternately", file=progress)
+            self.throughput(n_throughput // 4)  # warm-up
+            self.traces_cost(n_throughput)
+            return
 
         print(f"[bench] 1. throughput: {n_throughput} commands over 200 streams", file=progress, flush=True)
         raw = self.raw_throughput(n_raw)
@@ -731,6 +819,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (smaller counts, shorter latency window)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of every topic (default 4)")
     parser.add_argument("--rate", type=float, default=5000.0, help="offered load of the latency run (default 5000/s)")
+    parser.add_argument("--traces", action="store_true", help="only tracing's cost: appends/s off and on")
     parser.add_argument("--passthrough", nargs=2, metavar=("SOURCE", "TARGET"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.passthrough:
@@ -739,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.kafka_stack import ensure_broker
 
     ensure_broker()
-    bench = Bench(args.quick, args.partitions, args.rate)
+    bench = Bench(args.quick, args.partitions, args.rate, args.traces)
     try:
         bench.run()
     finally:

@@ -41,10 +41,12 @@ from aiokafka.structs import TopicPartition
 from faust.exceptions import Skip
 from prometheus_client import Counter, Histogram, start_http_server
 
+from pipeline import tracing
 from pipeline.kafka.faust_committed import RAW, broker_url, faust_credentials
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import AIOKAFKA_METADATA_MAX_AGE_MS, Settings
+from processors import traceparent
 from processors.reducer import epoch_ms
 from processors.routing import SUBSCRIPTION_TYPES, apply_subscription, routed_commands, subscription_source
 from schemas.events import AGENT_CREATED
@@ -137,13 +139,13 @@ def build_app(settings: Settings) -> faust.App:
     # Journal partition -> the last offset the fan-out has looked up in the table (this worker).
     looked_up: dict[int, int] = {}
 
-    async def send_all(commands: list[dict[str, Any]]) -> None:
+    async def send_all(commands: list[dict[str, Any]], headers: list[tuple[str, bytes]] | None = None) -> None:
         deliveries = []
         for command in commands:
             path = command["streamPath"]
             deliveries.append(
                 await app.producer.send(
-                    names.appends, path.encode(), orjson.dumps(command), partition_for(path, partitions), None, None
+                    names.appends, path.encode(), orjson.dumps(command), partition_for(path, partitions), None, headers
                 )
             )
         await asyncio.gather(*deliveries)  # acknowledged before the event that caused them is
@@ -236,7 +238,18 @@ def build_app(settings: Settings) -> faust.App:
                 log.error("journal record at %s is not JSON; not routed", event.message.offset)
                 continue
             routes = decode_routes(raw_routes)
-            await send_all(routed_commands(record, len(event.value), routes, from_agent=from_agent(event.key)))
+            commands = routed_commands(record, len(event.value), routes, from_agent=from_agent(event.key))
+            headers = None
+            if tracing.ON and commands:  # a trace of its own, linked to the source's (docs/behaviour.md §8)
+                source = traceparent.from_headers(event.headers)
+                attributes = {
+                    "agentstream.stream.path": record.get("streamPath", ""),
+                    "agentstream.routed": len(commands),
+                }
+                span = tracing.start("agentstream.route", None, attributes, kind="producer", link=source)
+                span.end()
+                headers = [(traceparent.TRACEPARENT, tracing.header_of(span))]
+            await send_all(commands, headers)
             FANOUT_SECONDS.observe(time.perf_counter() - started)
 
     @app.on_partitions_revoked.connect

@@ -24,6 +24,7 @@ import openai
 import orjson
 from openai import AsyncOpenAI, AsyncStream, DefaultAioHttpClient
 
+from pipeline import tracing
 from pipeline.settings import Settings
 from processors import llm_outcomes
 from schemas.requests import Transport
@@ -104,7 +105,11 @@ class Provider:
                             continue
                         content = _mapping(choice.get("delta")).get("content")
                         if isinstance(content, str) and content:
+                            if tracing.ON and not text:  # the first token (docs/behaviour.md §8)
+                                tracing.current_span().add_event("gen_ai.first_token")
                             text.append(content)
+                        if tracing.ON and choice.get("finish_reason"):
+                            _finish_reasons([choice.get("finish_reason")])
             finally:
                 with contextlib.suppress(Exception):
                     await stream.close()
@@ -117,6 +122,9 @@ class Provider:
         body = request_body(model, transport, messages, self.max_tokens, stream=False)
         async with asyncio.timeout(self.timeout_s):
             response = await self.client.post(CHAT_PATH, cast_to=object, content=body, options=_OPTIONS)
+        if tracing.ON:
+            choices = _mapping(response).get("choices")
+            _finish_reasons([_mapping(c).get("finish_reason") for c in choices] if isinstance(choices, list) else [])
         return completion_text(response), llm_outcomes.normalize_usage(_mapping(response).get("usage"))
 
     def describe(self, error: BaseException) -> str:
@@ -211,3 +219,10 @@ def _provider_message(error: openai.APIStatusError) -> str:
 def _mapping(value: object) -> Mapping[str, Any]:
     """`value` if it is a JSON object, else an empty one: providers leave out or null any field."""
     return value if isinstance(value, Mapping) else {}
+
+
+def _finish_reasons(reasons: list[Any]) -> None:
+    """`gen_ai.response.finish_reasons` of the current `chat` span (docs/behaviour.md §8)."""
+    named = [str(reason) for reason in reasons if reason]
+    if named:
+        tracing.current_span().set_attribute("gen_ai.response.finish_reasons", named)

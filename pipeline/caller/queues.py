@@ -38,6 +38,7 @@ class Job:
     abandoned: bool = False  # rebalance or shutdown: append nothing, leave the record unfinished
     superseded: bool = False  # the journal settled it already: append nothing, the record is done
     queued_at: float = field(default_factory=time.monotonic)
+    trace: bytes | None = None  # the record's traceparent, then its chat span's (docs/behaviour.md §8)
 
     @property
     def path(self) -> str:

@@ -25,13 +25,14 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from pydantic import TypeAdapter, ValidationError
 
-from pipeline import exit_codes, metrics
+from pipeline import exit_codes, metrics, tracing
 from pipeline.blobs import blob_store
 from pipeline.caller.calls import Calls, Result
 from pipeline.caller.commits import CallerFatal, flush_before_commit
@@ -43,6 +44,7 @@ from pipeline.client import AppendError, Client
 from pipeline.kafka.keyed_consumer import Backpressure, OffsetCommits, PartitionListener
 from pipeline.kafka.read import read_ranges_async
 from pipeline.settings import Settings
+from processors.traceparent import from_headers
 from schemas.requests import CallRequest, CancelRequest, CompactRequest, LlmRequestRecord, SettledNotice
 from topics.names import topic_names
 
@@ -147,7 +149,7 @@ class LlmCaller:
                 try:
                     for tp, messages in batch.items():
                         for message in messages:
-                            self._dispatch(tp, message.offset, message.value)
+                            self._dispatch(tp, message.offset, message.value, message.headers)
                 except Exception as error:  # an append failed: stop before committing anything more
                     self._fail(error)
                     break
@@ -198,7 +200,7 @@ class LlmCaller:
 
     # ---- records ----------------------------------------------------------------------------
 
-    def _dispatch(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    def _dispatch(self, tp: TopicPartition, offset: int, value: bytes | None, headers: Any = None) -> None:
         if not self.commits.consumed(tp, offset):  # revoked since it was fetched
             return
         try:
@@ -222,7 +224,7 @@ class LlmCaller:
             self._settled_in_journal(record)
             return
         queues = self.calls if isinstance(record, CallRequest) else self.compactions
-        job = Job(record, tp, offset)
+        job = Job(record, tp, offset, trace=from_headers(headers))
         newest = queues.offer(job)
         if newest is not None:
             log.info("%s %s @%d: skipped, @%d was already handled here", record.kind, job.path, job.order, newest)
@@ -230,17 +232,49 @@ class LlmCaller:
 
     def _start_call(self, job: Job) -> asyncio.Task[Result]:
         assert self._work is not None and isinstance(job.record, CallRequest)
-        return asyncio.create_task(self._work.call(job.record, job.text), name=f"call {job.path} @{job.order}")
+        call = self._work.call(job.record, job.text)
+        return asyncio.create_task(self._traced(job, call), name=f"call {job.path} @{job.order}")
 
     def _start_compaction(self, job: Job) -> asyncio.Task[Result]:
         assert self._work is not None and isinstance(job.record, CompactRequest)
-        return asyncio.create_task(self._work.compact(job.record), name=f"compact {job.path} @{job.order}")
+        call = self._work.compact(job.record)
+        return asyncio.create_task(self._traced(job, call), name=f"compact {job.path} @{job.order}")
+
+    @staticmethod
+    async def _traced(job: Job, call: Coroutine[Any, Any, Result]) -> Result:
+        """The provider call as a `chat <model>` span with the GenAI attributes (docs/behaviour.md
+        §8), a child of the record's trace; the outcomes appended for it continue that span."""
+        if not tracing.ON:
+            return await call
+        model = job.record.model
+        attributes = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+        span = tracing.start(f"chat {model}", job.trace, attributes, kind="client")
+        job.trace = tracing.header_of(span)
+        try:
+            with tracing.use(span):
+                result = await call
+        except BaseException as error:
+            span.set_attribute("error.type", type(error).__name__)
+            span.end()
+            raise
+        usage = result.usage or {}
+        if "inputTokens" in usage:
+            span.set_attribute("gen_ai.usage.input_tokens", usage["inputTokens"])
+            span.set_attribute("gen_ai.usage.output_tokens", usage["outputTokens"])
+        if result.status != "succeeded":
+            span.set_attribute("error.type", result.status)
+        span.end()
+        return result
 
     def _settle(self, job: Job, task: asyncio.Task[Result]) -> bool:
         """A job's task ended: append its outcome and finish its record (unless it must run again)."""
         assert self._outcomes is not None
-        if not self._outcomes.settle(job, task):
-            return False
+        parent = tracing.PARENT.set(job.trace)  # its appends carry the call's trace (docs/behaviour.md §8)
+        try:
+            if not self._outcomes.settle(job, task):
+                return False
+        finally:
+            tracing.PARENT.reset(parent)
         self.commits.finished(job.tp, job.offset)
         return True
 

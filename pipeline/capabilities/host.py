@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import logging
 import signal
 import time
@@ -33,7 +35,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 from pydantic import ValidationError
 
-from pipeline import exit_codes, metrics
+from pipeline import exit_codes, metrics, tracing
 from pipeline.capabilities.config import HostConfig
 from pipeline.capabilities.grants import Grants, outcome
 from pipeline.capabilities.references import ReferencedEvents
@@ -43,6 +45,7 @@ from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.keyed_consumer import Backpressure, OffsetCommits, PartitionListener
 from pipeline.settings import Settings
 from processors import idempotency_keys, scripts
+from processors.traceparent import from_headers
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED, ScriptRunRecord
 from topics.names import topic_names
 
@@ -57,6 +60,7 @@ class ScriptJob:
     kafka_offset: int
     record: ScriptRunRecord
     running: bool = False  # holds a sandbox slot (started journaled or being journaled)
+    trace: bytes | None = None  # the record's traceparent (docs/behaviour.md §8)
 
 
 @dataclass(slots=True)
@@ -145,7 +149,7 @@ class CapabilityHost:
                     batch = await self._consumer.getmany(timeout_ms=200, max_records=500)
                     for tp, messages in batch.items():
                         for message in messages:
-                            self._dispatch(tp, message.offset, message.value)
+                            self._dispatch(tp, message.offset, message.value, message.headers)
                     self._backpressure()
                 await self._shutdown(committer)
         finally:
@@ -185,11 +189,13 @@ class CapabilityHost:
 
     async def _blocking(self, function: Any, *args: Any) -> Any:
         assert self._loop is not None
-        return await self._loop.run_in_executor(self._executor, function, *args)
+        # In this task's context: a run's appends carry its traceparent (docs/behaviour.md §8).
+        context = contextvars.copy_context()
+        return await self._loop.run_in_executor(self._executor, functools.partial(context.run, function, *args))
 
     # ---- records and lanes ----------------------------------------------------------------------
 
-    def _dispatch(self, tp: TopicPartition, offset: int, value: bytes | None) -> None:
+    def _dispatch(self, tp: TopicPartition, offset: int, value: bytes | None, headers: Any = None) -> None:
         if tp not in self._owned or not self.commits.consumed(tp, offset):  # revoked since it was fetched
             return
         try:
@@ -199,7 +205,7 @@ class CapabilityHost:
             self.commits.finished(tp, offset)
             return
         lane = self._lanes.setdefault(record.streamPath, ScriptLane())
-        lane.jobs.append(ScriptJob(tp, offset, record))
+        lane.jobs.append(ScriptJob(tp, offset, record, trace=from_headers(headers)))
         metrics.SCRIPT_QUEUED.inc()
         if lane.task is None or lane.task.done():
             lane.task = asyncio.create_task(self._run_lane(record.streamPath, lane))
@@ -211,7 +217,7 @@ class CapabilityHost:
                 job = lane.jobs[0]
                 try:
                     if self._may_start(job):
-                        await self._handle(job)
+                        await self._traced(job)
                         self._finished(job)
                 except asyncio.CancelledError:
                     raise
@@ -226,6 +232,31 @@ class CapabilityHost:
         finally:
             if not lane.jobs and self._lanes.get(path) is lane:
                 del self._lanes[path]
+
+    async def _traced(self, job: ScriptJob) -> None:
+        """`_handle` as an `agentstream.script` span, a child of the run request's trace; what the
+        run appends (started, settled, granted calls) continues it (docs/behaviour.md §8)."""
+        if not tracing.ON:
+            parent = tracing.PARENT.set(job.trace)
+            try:
+                await self._handle(job)
+            finally:
+                tracing.PARENT.reset(parent)
+            return
+        record = job.record
+        attributes = {
+            "agentstream.stream.path": record.streamPath,
+            "agentstream.journal.offset": record.offset,
+            "agentstream.script.execution_id": record.executionId,
+        }
+        span = tracing.start("agentstream.script", job.trace, attributes)
+        parent = tracing.PARENT.set(tracing.header_of(span))
+        try:
+            with tracing.use(span):
+                await self._handle(job)
+        finally:
+            tracing.PARENT.reset(parent)
+            span.end()
 
     def _may_start(self, job: ScriptJob) -> bool:
         return job.tp in self._owned and not self._stopping

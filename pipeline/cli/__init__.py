@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
-from pipeline import exit_codes
+from pipeline import exit_codes, tracing
 from pipeline.cli import agent_command, fold_command, replay_command
 from pipeline.client import AppendError, AppendRejected
 from pipeline.dev import demo, local_stack
@@ -36,6 +36,7 @@ EXIT_INTERRUPTED = exit_codes.INTERRUPTED
 
 def _worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
+    tracing.configure(args.kind)  # only with OTEL_* set (docs/behaviour.md §8)
     if args.kind == "journal":
         from pipeline.journal.worker import run
     elif args.kind == "router":

@@ -25,12 +25,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from pydantic import ValidationError
 
-from pipeline import base_policy
+from pipeline import base_policy, tracing
 from pipeline.client.prepare import Unfit, new_append_id, prepare_append
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import consume_ready, read_ranges, watermarks
 from pipeline.settings import Settings
 from processors.idempotency_keys import AGENT_CREATED_KEY
+from processors.traceparent import TRACEPARENT
 from schemas.events import (
     AGENT_CREATED,
     CONTEXT_ADDED,
@@ -290,7 +291,18 @@ class Client:
             raise AppendRejected(f"append to {path} refused: {ready.detail}")
         value = ready.value
         self._results.expect(append_id)
-        self._producer.produce(self._command_topic, key=path.encode(), value=value, on_delivery=self._on_delivery)
+        # Traces (docs/behaviour.md §8): a worker's appends continue the job they belong to.
+        parent = tracing.PARENT.get() if self.internal else tracing.append_header(path, str(raw.get("type")), "client")
+        if parent is None:
+            self._producer.produce(self._command_topic, key=path.encode(), value=value, on_delivery=self._on_delivery)
+        else:
+            self._producer.produce(
+                self._command_topic,
+                key=path.encode(),
+                value=value,
+                headers=[(TRACEPARENT, parent)],
+                on_delivery=self._on_delivery,
+            )
         self._producer.poll(0)
         if self._delivery_error is not None:
             raise AppendError(f"could not write to {self._command_topic}: {self._delivery_error}")

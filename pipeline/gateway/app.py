@@ -41,6 +41,7 @@ from pipeline.gateway.guards import BodyDeadline, add_connection_handlers
 from pipeline.gateway.kafka import CommandProducer, ResultsFollower
 from pipeline.gateway.service import ApiError, Gateway, error_response, journaled, json_response
 from pipeline.gateway.tokens import RELOAD_CHECK_S, TokenBook
+from pipeline.gateway.trace_context import TraceParentMiddleware
 from pipeline.gateway.webhooks import (
     WebhookError,
     github_command,
@@ -122,6 +123,7 @@ def build_app(
     )
     app.state.gateway = gateway
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(TraceParentMiddleware)  # docs/behaviour.md §8: a request's traceparent is continued
     app.add_middleware(BodyDeadline, timeout_s=settings.gateway_body_timeout_s)
     _exception_handlers(app)
     add_connection_handlers(app)

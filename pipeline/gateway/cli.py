@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pipeline import tracing
 from pipeline.settings import Settings, SettingsError
 from schemas.gateway import TIERS, Tier, TokenEntry
 
@@ -35,6 +36,7 @@ def serve(settings: Settings) -> None:
 
         # where the other workers serve theirs, on the same address
         start_http_server(settings.gateway_metrics_port, addr=settings.metrics_host)
+    tracing.configure("gateway")  # only with OTEL_* set (docs/behaviour.md §8)
     uvicorn.Server(uvicorn_config(build_app(settings, tokens), settings)).run()
 
 

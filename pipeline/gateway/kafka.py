@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from pipeline.kafka.read import consume_ready, watermarks
 from pipeline.settings import Settings
+from processors.traceparent import TRACEPARENT
 from schemas.outcomes import AppendOutcome
 from topics.names import TopicNames
 
@@ -86,7 +87,7 @@ class CommandProducer:
         future = self.submit(topic, key, value)
         await future
 
-    def submit(self, topic: str, key: bytes, value: bytes) -> asyncio.Future[None]:
+    def submit(self, topic: str, key: bytes, value: bytes, traceparent: bytes | None = None) -> asyncio.Future[None]:
         """Produce one record; the future resolves on acknowledgement (KafkaUnavailable on failure).
 
         Raises at once: KafkaUnavailable while the broker is unreachable, Saturated when the
@@ -102,7 +103,11 @@ class CommandProducer:
             self._delivered.append((future, error))  # on the poll thread; handed over after poll()
 
         try:
-            self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
+            if traceparent is None:
+                self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
+            else:  # docs/behaviour.md §8
+                headers = [(TRACEPARENT, traceparent)]
+                self._producer.produce(topic, key=key, value=value, headers=headers, on_delivery=delivered)
         except BufferError:
             raise Saturated("the gateway's producer queue is full") from None
         except KafkaException as error:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import orjson
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from pipeline import tracing
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import Limits, Problem, Ready
 from pipeline.gateway.kafka import CommandProducer, KafkaUnavailable, ResultsFollower, Saturated
@@ -106,7 +108,10 @@ class Gateway:
     def submit(self, ready: Ready) -> asyncio.Future[None]:
         """Produce; raises ApiError 429 (queue full) or 503 (unreachable) at once."""
         try:
-            future = self.producer.submit(ready.topic, ready.key, ready.value)
+            parent = (
+                tracing.append_header(ready.stream_path, _event_type(ready.value), "gateway") if tracing.ON else None
+            )
+            future = self.producer.submit(ready.topic, ready.key, ready.value, parent or tracing.PARENT.get())
         except Saturated as error:
             metrics.REFUSALS.labels("saturated").inc()
             raise ApiError(
@@ -167,3 +172,11 @@ def journaled(outcome: AppendOutcome) -> Journaled | Problem:
     if reason.startswith("too_large"):
         return Problem(413, "too_large", reason)
     return Problem(400, "rejected", reason)
+
+
+def _event_type(value: bytes) -> str:
+    """The command's type, for its `agentstream.append` span (only parsed while tracing)."""
+    try:
+        return str(orjson.loads(value).get("type"))
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""

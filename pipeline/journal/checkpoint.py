@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pipeline import metrics
 from pipeline.kafka.producer import Fenced, Headers, OnDelivery
 from processors import row_codec, rows
+from processors.traceparent import TRACEPARENT
 
 log = logging.getLogger("agentstream.journal")
 
@@ -119,9 +120,10 @@ class Checkpoint:
         self._check_open()
         self.records.append((topic, key, value, headers))
 
-    def follow(self, topic: str, key: bytes | None, value: bytes) -> None:
+    def follow(self, topic: str, key: bytes | None, value: bytes, traceparent: bytes | None = None) -> None:
         self._check_open()
-        self.follow_ups.append((topic, key, value, []))
+        headers = [] if traceparent is None else [(TRACEPARENT, traceparent)]  # docs/behaviour.md §8
+        self.follow_ups.append((topic, key, value, headers))
 
     def _check_open(self) -> None:
         if self.status is not Status.OPEN:

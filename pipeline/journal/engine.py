@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from pipeline import metrics
+from pipeline import metrics, tracing
 from pipeline.journal import heap
 from pipeline.journal.checkpoint import Checkpoint, Committer, RowStore, TransactionalProducer
 from pipeline.journal.follow_ups import FollowUps
@@ -51,6 +51,7 @@ from processors.journal import Duplicate, Journaled, Rejected, journal_command, 
 from processors.reducer import fold
 from processors.render import DEFAULT_BUDGET, RenderBudget
 from processors.scheduler import decide, stale_expiry
+from processors.traceparent import TRACEPARENT
 from schemas.events import (
     AppendCommand,
     describe_validation_error,
@@ -106,6 +107,9 @@ class HandledCommand:
     after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
     journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers
     reject_reason: str | None = None  # set: the command goes to the dead-letter topic
+    event: Any = None  # the journaled event
+    # The traceparent every record written on its behalf carries (docs/behaviour.md §8).
+    trace: bytes | None = None
 
 
 class PartitionEngine:
@@ -156,6 +160,9 @@ class PartitionEngine:
         # Set by the worker once recovery's command backlog is read: scheduler decisions are
         # journaled at once and must not overtake it.
         self.scheduling = False
+        # The traceparent of each stream's pending trigger, so that the turn it starts stays in its
+        # trace (docs/behaviour.md §8). Memory only: a restart loses it, and the turn a new trace.
+        self.trigger_traces: dict[str, bytes] = {}
         self.fatal = fatal
         self.on_fenced = on_fenced
         self.handled = 0
@@ -204,6 +211,8 @@ class PartitionEngine:
                 decision = self._decide(command)
             except Exception as error:  # nothing a command holds may stop the partition
                 decision = self._internal_error(command, error)
+            if tracing.ON or TRACEPARENT in command.headers:
+                self._trace(decision, command.headers.get(TRACEPARENT))
             self._carry_out(decision)
             read[command.internal] = command.offset
         self._count_journaled()
@@ -282,6 +291,7 @@ class PartitionEngine:
             entry.unsealed.append((outcome.event, sources))  # last: the command went through whole
             self.unsealed[append.streamPath] = entry
             handled.journal = (outcome.record, headers)
+            handled.event = outcome.event
             return handled
         if isinstance(outcome, Duplicate):
             metrics.DUPLICATES.inc()
@@ -382,13 +392,16 @@ class PartitionEngine:
                 (H_SOURCE_OFFSET, str(command.offset).encode()),
             ]
             checkpoint.produce(self.topics.dlq, command.key, command.value, headers)
+        trace = decision.trace
         if decision.journal is not None:
             record, headers = decision.journal
+            if trace is not None:
+                headers.append((TRACEPARENT, trace))
             checkpoint.produce(self.topics.journal, command.key, record, headers)
         for key, value in decision.rows:
             checkpoint.rows[key] = value
         for topic, key, value in decision.after:
-            checkpoint.follow(topic, key, value)
+            checkpoint.follow(topic, key, value, trace)
         checkpoint.commands += 1
 
     def _misrouted(self, command: CommandRecord, path: str) -> str | None:
@@ -452,7 +465,7 @@ class PartitionEngine:
             self.wake(path, now_ms + RESEND_AFTER_MS)  # should a decision not be journaled
             for append in decision.appends:
                 if not decision.after_commands:
-                    self._journal_scheduled(path, append.command(path))
+                    self._journal_scheduled(path, append.command(path), entry)
                     continue
                 sent_at = entry.sent.get(append.idempotencyKey)
                 if sent_at is not None and now_ms - sent_at < RESEND_AFTER_MS:
@@ -463,17 +476,52 @@ class PartitionEngine:
                 commands.append((path, body))
         return commands
 
-    def _journal_scheduled(self, path: str, body: dict[str, Any]) -> None:
+    def _journal_scheduled(self, path: str, body: dict[str, Any], entry: StreamEntry) -> None:
         """Journal one scheduler append now, through the same decision as every command."""
         value = orjson.dumps(body)
-        command = CommandRecord(self.partition, -1, path.encode(), value, {}, internal=True, scheduled=True)
+        trigger = self.trigger_traces.pop(path, None)
+        headers = {} if trigger is None else {TRACEPARENT: trigger}
+        if tracing.ON:  # the turn decided, in the trigger's trace (docs/behaviour.md §8)
+            pending = entry.state.pending
+            reason = f"{body['type'].rsplit('/', 1)[-1]}: {pending.source if pending else 'no'} trigger"
+            attributes = {"agentstream.stream.path": path, "agentstream.schedule.reason": reason}
+            if pending is not None:
+                attributes["agentstream.trigger.offset"] = pending.offset
+            span = tracing.start("agentstream.schedule", trigger, attributes)
+            span.end()
+            headers = {TRACEPARENT: tracing.header_of(span)}
+        command = CommandRecord(self.partition, -1, path.encode(), value, headers, internal=True, scheduled=True)
         try:
             decision = self._decide(command)
         except Exception as error:  # as for commands: dead-letter it, keep the partition going
             decision = self._internal_error(command, error)
+        if headers:
+            self._trace(decision, headers[TRACEPARENT])
         self._carry_out(decision)
         self._count_journaled()
         self.checkpoints.work()
+
+    def _trace(self, decision: HandledCommand, parent: bytes | None) -> None:
+        """What the records of `decision` carry (docs/behaviour.md §8): while tracing, the
+        traceparent of its `agentstream.journal` span, a child of the command's; while not, the
+        command's own traceparent, passed on."""
+        event = decision.event
+        if tracing.ON:
+            outcome = "journaled" if event is not None else "rejected" if decision.reject_reason else "duplicate"
+            attributes: dict[str, Any] = {"agentstream.outcome": outcome}
+            if event is not None:
+                attributes["agentstream.stream.path"] = event.streamPath
+                attributes["agentstream.journal.offset"] = event.offset
+                attributes["agentstream.event.type"] = event.type
+            span = tracing.start("agentstream.journal", parent, attributes)
+            span.end()
+            decision.trace = tracing.header_of(span)
+        else:
+            decision.trace = parent
+        if event is not None and decision.trace is not None:
+            pending = self.streams.get(event.streamPath).state.pending
+            if pending is not None and pending.offset == event.offset:  # the trigger of the next turn
+                self.trigger_traces[event.streamPath] = decision.trace
 
     def _count_journaled(self) -> None:
         for event_type, count in self.journaled_types.items():

@@ -1,0 +1,190 @@
+"""Traces without a broker (docs/behaviour.md §8): the traceparent helpers, when tracing is on, and
+how the journal worker passes a command's traceparent on to everything written on its behalf (the
+journal record, the scheduler's request, the call record) with tracing off, and builds the span tree
+(append → journal → schedule → journal) with it on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from pipeline import tracing
+from pipeline.gateway.trace_context import TraceParentMiddleware
+from processors.traceparent import (
+    TRACEPARENT,
+    TraceParent,
+    encode,
+    from_headers,
+    parse,
+    trace_id_hex,
+    with_traceparent,
+)
+from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED
+from tests.support.engine_harness import NAMES, PATH, EngineHarness
+
+PARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+SYSTEM = {
+    "type": CONTEXT_ADDED,
+    "payload": {"role": "system", "content": "policy", "key": "agent/system-prompt"},
+}
+
+
+# --- the helpers ---------------------------------------------------------------------------------
+
+
+def test_8_a_traceparent_parses_and_encodes_back_the_same() -> None:
+    found = parse(PARENT)
+    assert found == TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1)
+    assert found.sampled and found.encode() == PARENT == encode(found.trace_id, found.span_id, 1)
+    assert parse(PARENT.decode()) == found
+    assert trace_id_hex(PARENT) == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert parse(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").sampled is False  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        b"",
+        b"garbage",
+        b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",  # zero trace id
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-" + b"0" * 16 + b"-01",  # zero span id
+        b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",  # upper case
+        b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # the forbidden version
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",  # version 00 has 4 parts
+        b"00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",  # short trace id
+    ],
+)
+def test_8_a_malformed_traceparent_is_ignored_never_an_error(bad: bytes | None) -> None:
+    assert parse(bad) is None
+
+
+def test_8_the_header_is_read_from_pairs_or_a_dict_and_set_once() -> None:
+    pairs = [("source-offset", b"7"), (TRACEPARENT, PARENT)]
+    assert from_headers(pairs) == PARENT == from_headers(dict(pairs))
+    assert from_headers(None) is None and from_headers([("source-offset", b"7")]) is None
+    assert from_headers([(TRACEPARENT, None)]) is None  # aiokafka may hand a header without value
+    other = b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"
+    assert with_traceparent(pairs, other) == [("source-offset", b"7"), (TRACEPARENT, other)]
+    assert with_traceparent(pairs, None) == [("source-offset", b"7")]
+
+
+def test_8_tracing_is_off_unless_the_standard_variables_ask_for_it() -> None:
+    assert not tracing.wanted({})
+    assert tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert tracing.wanted({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4318/v1/traces"})
+    assert tracing.wanted({"OTEL_TRACES_EXPORTER": "console"})
+    assert not tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"})
+    assert not tracing.wanted({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_TRACES_EXPORTER": "none"})
+    assert tracing.configure("test", {}) is False and tracing.ON is False
+
+
+def test_8_an_http_requests_traceparent_is_continued_by_its_appends() -> None:
+    seen: list[bytes | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(tracing.PARENT.get())
+
+    async def call(headers: list[tuple[bytes, bytes]]) -> None:
+        await TraceParentMiddleware(app)({"type": "http", "headers": headers}, None, None)  # type: ignore[arg-type]
+
+    asyncio.run(call([(b"traceparent", PARENT)]))
+    asyncio.run(call([(b"traceparent", b"not one")]))
+    asyncio.run(call([]))
+    assert seen == [PARENT, None, None]
+    assert tracing.PARENT.get() is None  # reset after the request
+
+
+# --- the journal worker --------------------------------------------------------------------------
+
+
+def journal_records(h: EngineHarness) -> list[tuple[str, dict[str, bytes]]]:
+    return [(orjson.loads(r.value)["type"], r.headers) for r in h.kafka.on(NAMES.journal)]
+
+
+def a_turn(h: EngineHarness, parent: bytes | None) -> None:
+    async def scenario() -> None:
+        await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
+        message = h.command({"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "hello"}})
+        if parent is not None:
+            message.headers[TRACEPARENT] = parent
+        await h.handle(message)
+        await h.settle()
+        h.engine.schedule(h.engine.clock_ms() + 10**6)
+        await h.settle()
+
+    asyncio.run(scenario())
+
+
+def test_8_tracing_off_the_worker_passes_the_commands_traceparent_on_to_the_turn() -> None:
+    """With tracing off nothing is created, but a trace started by a client that traces survives
+    the journal worker: the user message's journal record, the scheduler's request and its call
+    record all carry the command's traceparent."""
+    assert not tracing.ON
+    h = EngineHarness()
+    a_turn(h, PARENT)
+    records = journal_records(h)
+    assert [headers.get(TRACEPARENT) for _, headers in records] == [None, None, PARENT, PARENT]
+    assert records[3][0] == LLM_REQUEST_REQUESTED
+    (call,) = h.kafka.on(NAMES.llm_requests)
+    assert call.headers == {TRACEPARENT: PARENT}
+    assert h.engine.trigger_traces == {}  # used by the request it started
+    assert not h.fatal
+
+
+def test_8_tracing_off_commands_without_a_traceparent_get_no_header() -> None:
+    h = EngineHarness()
+    a_turn(h, None)
+    records = h.kafka.on(NAMES.journal) + h.kafka.on(NAMES.llm_requests)
+    assert records and all(TRACEPARENT not in r.headers for r in records)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """Tracing on, into memory, for one test."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    saved = tracing.ON, tracing._tracer
+    tracing.ON, tracing._tracer = True, provider.get_tracer("test")
+    try:
+        yield exporter
+    finally:
+        tracing.ON, tracing._tracer = saved
+
+
+def test_8_tracing_on_one_turn_is_one_trace_through_the_worker(spans: InMemorySpanExporter) -> None:
+    """append (the client's span, PARENT) → agentstream.journal (the message) →
+    agentstream.schedule (the turn decided, with its reason) → agentstream.journal (the request);
+    the request's journal record and its call record carry the request's journal span."""
+    h = EngineHarness()
+    a_turn(h, PARENT)
+    finished = spans.get_finished_spans()
+    assert {s.context.trace_id for s in finished if s.parent is not None} == {parse(PARENT).trace_id}  # type: ignore[union-attr]
+    by_offset = {s.attributes.get("agentstream.journal.offset"): s for s in finished if s.name == "agentstream.journal"}
+    message, request = by_offset[3], by_offset[4]
+    (schedule,) = [s for s in finished if s.name == "agentstream.schedule"]
+    assert message.parent.span_id == parse(PARENT).span_id  # type: ignore[union-attr]
+    assert schedule.parent.span_id == message.context.span_id  # type: ignore[union-attr]
+    assert request.parent.span_id == schedule.context.span_id  # type: ignore[union-attr]
+    assert dict(message.attributes) == {
+        "agentstream.outcome": "journaled",
+        "agentstream.stream.path": PATH,
+        "agentstream.journal.offset": 3,
+        "agentstream.event.type": CONTEXT_ADDED,
+    }
+    assert schedule.attributes["agentstream.schedule.reason"] == "llm-request-requested: external trigger"
+    assert schedule.attributes["agentstream.trigger.offset"] == 3
+    (call,) = h.kafka.on(NAMES.llm_requests)
+    expected = encode(request.context.trace_id, request.context.span_id, 1)
+    assert call.headers == {TRACEPARENT: expected} == {TRACEPARENT: journal_records(h)[3][1][TRACEPARENT]}
+    # Commands without a traceparent start traces of their own: each its own root.
+    roots = [s for s in finished if s.parent is None]
+    assert [s.attributes["agentstream.journal.offset"] for s in roots] == [1, 2]
