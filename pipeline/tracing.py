@@ -47,7 +47,6 @@ def configure(process: str, environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     if ON or not wanted(environ):
         return ON
-    from opentelemetry import trace
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
@@ -64,7 +63,8 @@ def configure(process: str, environ: Mapping[str, str] | None = None) -> bool:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         else:
             raise ValueError(f"OTEL_TRACES_EXPORTER={name!r} is not supported here: use otlp, console or none")
-    trace.set_tracer_provider(provider)
+    # Not installed as OpenTelemetry's global provider: this module's tracer is the only user, and
+    # a test can stop it and configure another.
     _provider, _tracer, ON = provider, provider.get_tracer("agentstream"), True
     atexit.register(shutdown)
     return True
@@ -74,6 +74,14 @@ def shutdown() -> None:
     """Export what is buffered (a clean exit, the end of a test)."""
     if _provider is not None:
         _provider.force_flush()
+
+
+def stop() -> None:
+    """Export what is buffered and turn tracing off again (a test that configured it)."""
+    global ON, _tracer, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    ON, _tracer, _provider = False, None, None
 
 
 # --- spans (call only while ON) ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 # Installs what agentstream needs into <repo>/.venv: the Python deps (pinned in pyproject.toml,
 # dev extras included), the Kafka broker and s3proxy jars (Maven) and, when missing, Debian's chromium and
 # chromedriver for the console's browser tests and Debian's prometheus for the chart's alert and dashboard
-# tests (apt-get, as root or through sudo). Idempotent; safe to re-run.
+# tests (apt-get, as root or through sudo), and Jaeger for local traces (go build, once). Idempotent.
 #   --model   also install the embedded model (llama-cpp-python compiles: minutes the first time)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,6 +59,20 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   "${sudo[@]}" apt-get update -qq
   # RUNLEVEL=1: invoke-rc.d then starts no service; only the binaries are wanted.
   DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 "${sudo[@]}" apt-get install -y -qq --no-install-recommends prometheus
+fi
+
+# The local trace backend (`agentstream up --traces`, tests/test_traces_jaeger_kafka.py): Jaeger v1.75.0,
+# a Go tool dependency of tools/jaeger/go.mod, built once (minutes on two cores, at the lowest priority).
+JAEGER=.local/bin/jaeger
+if [[ ! -x $JAEGER ]]; then
+  GO="$(command -v go || echo /usr/local/go/bin/go)"
+  if [[ -x $GO ]]; then
+    echo "==> jaeger v1.75.0 (go build into $JAEGER; skipped once it exists)"
+    mkdir -p .local/bin
+    (cd tools/jaeger && nice -n 19 "$GO" build -o "$ROOT/$JAEGER" github.com/jaegertracing/jaeger/cmd/jaeger)
+  else
+    echo "==> jaeger: no Go toolchain (go 1.26); traces still export to any OTLP endpoint" >&2
+  fi
 fi
 
 if [[ "${1:-}" == "--model" ]]; then

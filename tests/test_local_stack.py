@@ -58,7 +58,7 @@ def test_up_runs_every_part_in_order() -> None:
     assert local_stack.parts(Settings.from_env({"OPENAI_API_KEY": "sk-test"})) == ["kafka", *PROCESS_NAMES]
 
 
-def test_down_stops_processes_newest_first_then_model_then_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_down_stops_processes_newest_first_then_jaeger_model_and_broker(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     monkeypatch.setattr(local_stack, "stop_process", lambda name, timeout: calls.append(name) or True)
     monkeypatch.setattr(local_stack, "stop_service", lambda name: calls.append(name) or name != "model")
@@ -66,8 +66,8 @@ def test_down_stops_processes_newest_first_then_model_then_broker(monkeypatch: p
 
     stopped = local_stack.down(say=said.append)
 
-    assert calls == [*reversed(PROCESS_NAMES), "model", "kafka"]
-    assert stopped == [*reversed(PROCESS_NAMES), "kafka"]  # the model was not running: not claimed
+    assert calls == [*reversed(PROCESS_NAMES), "jaeger", "model", "kafka"]
+    assert stopped == [*reversed(PROCESS_NAMES), "jaeger", "kafka"]  # the model was not running: not claimed
     assert said == [f"  stopped {name}" for name in stopped]
 
     calls.clear()
@@ -151,6 +151,29 @@ def test_first_up_mints_the_gateway_token_and_later_ups_do_not_print_it(
     assert "  HTTP gateway: already running on http://127.0.0.1:8080" in said
     later = local_stack.usage(settings, again)
     assert any(local_stack.TOKENS_FILE.name in line and "TOKEN=..." in line for line in later), later
+
+
+def test_up_with_traces_starts_jaeger_and_points_every_process_at_it(
+    monkeypatch: pytest.MonkeyPatch, isolated: Path
+) -> None:
+    """`up --traces` (docs/operations.md, "Traces"): Jaeger first, then every process with the
+    standard OTLP endpoint of it (behaviour §8), the gateway also with the Jaeger UI for its console."""
+    starts = _fake_up(monkeypatch, running=set())
+    services: list[str] = []
+    monkeypatch.setattr(local_stack, "start_service", lambda name: services.append(name) or name == "jaeger")
+    said: list[str] = []
+
+    launch = local_stack.up(Settings.from_env({}), say=said.append, traces=True)
+
+    assert services == ["jaeger", "kafka", "model"] and launch.started == ["jaeger", *PROCESS_NAMES]
+    assert "  Jaeger: started, UI http://127.0.0.1:16686" in said
+    for name, env in starts:
+        assert env is not None and env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://127.0.0.1:4318", name
+        assert env["AGENTSTREAM_JAEGER_UI_URL"] == "http://127.0.0.1:16686"
+    assert dict(starts)["gateway"]["AGENTSTREAM_GATEWAY_TOKENS_FILE"] == str(local_stack.TOKENS_FILE)
+    assert local_stack.traces_env({"AGENTSTREAM_JAEGER_OTLP_PORT": "5318"})["OTEL_EXPORTER_OTLP_ENDPOINT"] == (
+        "http://127.0.0.1:5318"
+    )
 
 
 def test_up_uses_the_tokens_file_a_person_set_and_never_writes_it(
@@ -315,7 +338,7 @@ def test_down_with_nothing_running_says_so(monkeypatch: pytest.MonkeyPatch, tmp_
     from pipeline.dev import local_stack
 
     scripts = tmp_path / "repo" / "scripts"
-    for name in ("kafka/stop.sh", "kafka/common.sh", "model/stop.sh"):
+    for name in ("kafka/stop.sh", "kafka/common.sh", "model/stop.sh", "jaeger/stop.sh"):
         (scripts / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "scripts" / name, scripts / name)
     monkeypatch.setattr(local_stack, "SCRIPTS", scripts)

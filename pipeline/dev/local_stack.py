@@ -7,6 +7,11 @@ pid file under .local/run/ and a log under .local/logs/. `agentstream down` stop
 pid file (never by name): the processes first, in the reverse order of starting, then the model and
 the broker. `agentstream demo` starts what is missing and stops exactly that afterwards.
 
+`agentstream up --traces` also starts Jaeger (scripts/jaeger/start.sh; built by scripts/install.sh)
+and starts every process with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at it, the gateway also with
+`AGENTSTREAM_JAEGER_UI_URL`, so that each turn's trace is in Jaeger's UI and linked from the console
+(docs/behaviour.md §8). Processes already running keep their environment: `down` first.
+
 The gateway refuses every request without a tokens file: the first `up` writes
 .local/gateway-tokens.yaml (mode 0600) with one platform-tier token and prints that token once; the
 file keeps only its sha256. AGENTSTREAM_GATEWAY_TOKENS_FILE, when set, is used instead and never
@@ -68,7 +73,7 @@ PROCESSES = (
     Process("worker-router", ("worker", "router"), "router"),
     Process(GATEWAY, (GATEWAY,), "HTTP gateway"),
 )
-SERVICES = ("model", "kafka")  # stopped in this order, after every process
+SERVICES = ("jaeger", "model", "kafka")  # stopped in this order, after every process
 # `up --brokers N` runs a cluster of N nodes (scripts/kafka/start-cluster.sh) instead of the single
 # broker; this file records N so that `down` stops that cluster.
 CLUSTER_FILE = RUN_DIR / "kafka-cluster.nodes"
@@ -104,7 +109,7 @@ def _script(path: str) -> subprocess.CompletedProcess[str]:
 
 
 def start_service(name: str) -> bool:
-    """Start `kafka` or `model` with its script; True if this call started it."""
+    """Start `kafka`, `model` or `jaeger` with its script; True if this call started it."""
     result = _script(f"{name}/start.sh")
     if result.returncode != 0:
         raise StackError(f"could not start {name}:\n{result.stdout}{result.stderr}".rstrip())
@@ -319,12 +324,27 @@ def _await_gateway(settings: Settings, process: Process, child: subprocess.Popen
         time.sleep(0.2)
 
 
-def start_processes(settings: Settings, launch: Launch, say: Say = print) -> Launch:
+def traces_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What `up --traces` adds to every process's environment: the local Jaeger's OTLP endpoint and
+    its UI (the ports scripts/jaeger/start.sh uses), and a short batch delay for a quick UI."""
+    environ = dict(os.environ) if environ is None else environ
+    otlp = environ.get("AGENTSTREAM_JAEGER_OTLP_PORT", "4318")
+    ui = environ.get("AGENTSTREAM_JAEGER_UI_PORT", "16686")
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp}",
+        "OTEL_BSP_SCHEDULE_DELAY": environ.get("OTEL_BSP_SCHEDULE_DELAY", "1000"),
+        "AGENTSTREAM_JAEGER_UI_URL": f"http://127.0.0.1:{ui}",
+    }
+
+
+def start_processes(
+    settings: Settings, launch: Launch, say: Say = print, extra_env: dict[str, str] | None = None
+) -> Launch:
     """Start every agentstream process that is not running, in order; record each in `launch`."""
     for process in PROCESSES:
-        env = None
+        env = {**os.environ, **extra_env} if extra_env else None
         if process.name == GATEWAY:
-            env = _gateway_env(settings, launch, say)
+            env = {**_gateway_env(settings, launch, say), **(extra_env or {})}
             port_taken = settings.gateway_port and _listening(_gateway_host(settings), settings.gateway_port)
             if port_taken and not _alive(_pid_file(GATEWAY)):
                 raise StackError(
@@ -348,9 +368,19 @@ def start_processes(settings: Settings, launch: Launch, say: Say = print) -> Lau
     return launch
 
 
-def up(settings: Settings, say: Say = print, launch: Launch | None = None, brokers: int = 1) -> Launch:
+def up(
+    settings: Settings, say: Say = print, launch: Launch | None = None, brokers: int = 1, traces: bool = False
+) -> Launch:
     """Start what is not running; returns (and fills in `launch`) what this call started."""
     launch = launch if launch is not None else Launch()
+    extra_env = None
+    if traces:
+        extra_env = traces_env()
+        if start_service("jaeger"):
+            launch.started.append("jaeger")
+            say(f"  Jaeger: started, UI {extra_env['AGENTSTREAM_JAEGER_UI_URL']}")
+        else:
+            say(f"  Jaeger: already running, UI {extra_env['AGENTSTREAM_JAEGER_UI_URL']}")
     if brokers > 1:
         say(f"  Kafka cluster: {brokers} brokers on {start_cluster(brokers)}")
     elif start_service("kafka"):
@@ -365,7 +395,7 @@ def up(settings: Settings, say: Say = print, launch: Launch | None = None, broke
         else:
             say(f"  embedded model: already running at {settings.embedded_model_url}")
     ensure_topics_now()
-    return start_processes(settings, launch, say)
+    return start_processes(settings, launch, say, extra_env)
 
 
 def down(parts: list[str] | None = None, say: Say = print) -> list[str]:
@@ -403,6 +433,12 @@ def register(commands: Any) -> None:
         metavar="N",
         help="run a local cluster of N brokers (scripts/kafka/start-cluster.sh; replication min(N, 3), "
         "min.insync.replicas one less) instead of the single broker",
+    )
+    up_parser.add_argument(
+        "--traces",
+        action="store_true",
+        help="also start Jaeger (scripts/jaeger/start.sh) and export every process's traces to it "
+        "(docs/behaviour.md §8); its UI is linked from the console's request timelines",
     )
     up_parser.set_defaults(run=_run_up)
     down_parser = commands.add_parser(
@@ -463,7 +499,7 @@ def _run_up(args: argparse.Namespace) -> int:
         print(f"(set AGENTSTREAM_BOOTSTRAP_SERVERS={servers} for other commands)")
     settings = Settings.from_env()
     print("starting the local stack:", flush=True)
-    launch = up(settings, say=lambda line: print(line, flush=True), brokers=args.brokers)
+    launch = up(settings, say=lambda line: print(line, flush=True), brokers=args.brokers, traces=args.traces)
     print("up.")
     for line in usage(settings, launch):
         print(line)
