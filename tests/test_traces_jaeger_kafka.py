@@ -4,7 +4,8 @@ the gateway runs in this process with tracing on, and the scripted model answers
 with code that the capability host runs. A user message goes in through the gateway with an HTTP
 `traceparent` of the test's own, and the whole turn must come back from Jaeger's query API as one
 trace under it: the span names, the tree, the parent links across processes and the GenAI
-attributes of the provider call.
+attributes of the provider call. A routed event (the router, exporting too) starts a trace of its
+own linked to its source's, and the console's timeline links a request's trace.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from typing import Any
 import pytest
 
 from pipeline import tracing
+from pipeline.router import decode_routes
 from processors.traceparent import encode
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED
+from schemas.routing import AGENT_SUBSCRIBED
 from tests.gateway_server import GatewayServer, Tokens
 from tests.kafka_stack import Stack, ensure_broker, wait_until
 from tests.support.jaeger import Jaeger
@@ -54,6 +57,7 @@ class Env:
     stack: TracedStack
     gateway: GatewayServer
     user: str
+    platform: str
     jaeger: Jaeger
 
 
@@ -83,10 +87,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
                 stack.start_capabilities(concurrency=2, max_memory_mb=64)
                 tokens = Tokens(root / "tokens.yaml")
                 user = tokens.add("user", "/agents/**", userId="u-traces")
+                platform = tokens.add("platform", "/**")
                 with GatewayServer(stack.settings, tokens.path) as gateway:
                     gateway.wait_ready()
-                    yield Env(stack, gateway, user, jaeger)
+                    yield Env(stack, gateway, user, platform, jaeger)
             finally:
+                stack.stop_router()
                 stack.stop_capabilities()
                 stack.stop_caller()
                 stack.close()
@@ -247,6 +253,66 @@ def test_8_one_turn_is_one_trace_across_gateway_journal_caller_and_capability_ho
         "agentstream-caller",
         "agentstream-capabilities",
     }
+
+
+def test_8_a_routed_event_starts_a_trace_of_its_own_linked_to_its_sources(env: Env) -> None:
+    """The router's `agentstream.route` span starts the routed command's trace and links to the
+    trace of the source event it routes; the subscriber's journal span is its child."""
+    env.stack.start_router()  # TracedStack: it exports too
+    source = f"/integrations/traces/{uuid.uuid4().hex[:8]}"
+    subscriber = env.stack.client.agents.create()
+
+    def append(path: str, event_type: str, payload: dict[str, Any], traceparent: str | None = None) -> int:
+        headers = {"traceparent": traceparent} if traceparent else None
+        body = {"type": event_type, "payload": payload}
+        reply = env.gateway.request(
+            "POST", f"/v1/streams{path}/events?wait=true", body, token=env.platform, headers=headers
+        )
+        assert reply.status == 200, reply
+        return int(reply.json()["offset"])
+
+    append(
+        subscriber.path, AGENT_SUBSCRIBED, {"source": source, "llmRequestPolicy": {"behaviour": "dont-trigger-request"}}
+    )
+
+    def subscribed() -> bool:
+        latest = None
+        for record in env.stack.read_topic(f"{env.stack.router_app_id}-subscriptions-changelog"):
+            if record.key() == source.encode():
+                latest = record.value()
+        return bool(latest) and subscriber.path in decode_routes(latest)
+
+    wait_until(subscribed, 120, "the router to hold the subscription")
+    source_trace = random.getrandbits(128)
+    append(source, "test.traces/ping", {"n": 1}, encode(source_trace, random.getrandbits(64), 1).decode())
+
+    def routed() -> bool:
+        events = env.stack.client.streams.get(subscriber.path).events()
+        return any(e.type == CONTEXT_ADDED and (e.idempotencyKey or "").startswith("route/") for e in events)
+
+    wait_until(routed, 120, "the routed item in the subscriber")
+
+    def route_trace() -> tuple[Span, dict[str, Span]] | None:
+        found = env.jaeger.get("/api/traces?service=agentstream-router&lookback=1h&limit=100")
+        for trace in (found or {}).get("data") or ():
+            for raw in trace["spans"]:
+                links = [r for r in raw.get("references") or () if r["refType"] == "FOLLOWS_FROM"]
+                if raw["operationName"] == "agentstream.route" and any(
+                    r["traceID"] == f"{source_trace:032x}" for r in links
+                ):
+                    spans = spans_of(trace)
+                    children = [s for s in spans.values() if s.parent == raw["spanID"]]
+                    if children:  # the subscriber's journal span arrived too
+                        return spans[raw["spanID"]], spans
+        return None
+
+    route, spans = wait_until(route_trace, 60, "the route span linked to the source's trace")
+    assert route.service == "agentstream-router" and route.parent is None  # a trace of its own
+    assert route.tags["agentstream.stream.path"] == source and route.tags["agentstream.routed"] == 1
+    (journaled,) = [s for s in spans.values() if s.parent == route.id]
+    assert journaled.name == "agentstream.journal" and journaled.service == "agentstream-journal"
+    assert journaled.tags["agentstream.stream.path"] == subscriber.path
+    assert journaled.tags["agentstream.event.type"] == CONTEXT_ADDED
 
 
 def test_8_the_console_timeline_links_the_trace_in_jaeger(env: Env, tmp_path: Path) -> None:
