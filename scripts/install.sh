@@ -2,11 +2,22 @@
 # Installs what agentstream needs into <repo>/.venv: the Python deps (pinned in pyproject.toml,
 # dev extras included), the Kafka broker and s3proxy jars (Maven) and, when missing, Debian's chromium and
 # chromedriver for the console's browser tests and Debian's prometheus for the chart's alert and dashboard
-# tests (apt-get, as root or through sudo), and Jaeger for local traces (go build, once). Idempotent.
+# tests (apt-get, as root or through sudo). Idempotent.
 #   --model   also install the embedded model (llama-cpp-python compiles: minutes the first time)
+#   --traces  also build Jaeger, the local trace backend (go build, once: 10-20 minutes on two cores)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+want_model=0
+want_traces=0
+for arg in "$@"; do
+  case "$arg" in
+    --model) want_model=1 ;;
+    --traces) want_traces=1 ;;
+    *) echo "install.sh: unknown option $arg (known: --model, --traces)" >&2; exit 2 ;;
+  esac
+done
 
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
@@ -64,7 +75,7 @@ fi
 # The local trace backend (`agentstream up --traces`, tests/test_traces_jaeger_kafka.py): Jaeger v1.75.0,
 # a Go tool dependency of tools/jaeger/go.mod, built once (minutes on two cores, at the lowest priority).
 JAEGER=.local/bin/jaeger
-if [[ ! -x $JAEGER ]]; then
+if [[ $want_traces == 1 && ! -x $JAEGER ]]; then
   GO="$(command -v go || echo /usr/local/go/bin/go)"
   if [[ -x $GO ]]; then
     echo "==> jaeger v1.75.0 (go build into $JAEGER; skipped once it exists)"
@@ -75,7 +86,7 @@ if [[ ! -x $JAEGER ]]; then
   fi
 fi
 
-if [[ "${1:-}" == "--model" ]]; then
+if [[ $want_model == 1 ]]; then
   echo "==> embedded model"
   scripts/model/install.sh
 fi

@@ -7,7 +7,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-scripts/install.sh --model
+scripts/install.sh --model --traces
 
 started_broker=0
 started_model=0

@@ -7,7 +7,7 @@ pid file under .local/run/ and a log under .local/logs/. `agentstream down` stop
 pid file (never by name): the processes first, in the reverse order of starting, then the model and
 the broker. `agentstream demo` starts what is missing and stops exactly that afterwards.
 
-`agentstream up --traces` also starts Jaeger (scripts/jaeger/start.sh; built by scripts/install.sh)
+`agentstream up --traces` also starts Jaeger (scripts/jaeger/start.sh; built by scripts/install.sh --traces)
 and starts every process with `OTEL_EXPORTER_OTLP_ENDPOINT` pointing at it, the gateway also with
 `AGENTSTREAM_JAEGER_UI_URL`, so that each turn's trace is in Jaeger's UI and linked from the console
 (docs/behaviour.md §8). Processes already running keep their environment: `down` first.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start the local trace backend, Jaeger (built by scripts/install.sh into .local/bin/jaeger), detached,
+# Start the local trace backend, Jaeger (built by scripts/install.sh --traces into .local/bin/jaeger), detached,
 # with scripts/jaeger/jaeger.yaml: traces in memory, OTLP/HTTP on http://127.0.0.1:$OTLP_PORT, the UI
 # and query API on http://127.0.0.1:$UI_PORT. `agentstream up --traces` runs it with the stack.
 #
@@ -25,7 +25,7 @@ PIDFILE="$STATE/jaeger.pid"
 LOG="$STATE/jaeger.log"
 URL="http://127.0.0.1:$AGENTSTREAM_JAEGER_UI_PORT/api/services"
 
-[[ -x "$BIN" ]] || { echo "start.sh: $BIN is missing; run scripts/install.sh" >&2; exit 1; }
+[[ -x "$BIN" ]] || { echo "start.sh: $BIN is missing; run scripts/install.sh --traces" >&2; exit 1; }
 mkdir -p "$STATE"
 
 alive() {
