@@ -1,4 +1,4 @@
-"""A Jaeger of a test's own (docs/operations.md, "Traces"): the binary scripts/install.sh builds,
+"""A Jaeger of a test's own (docs/operations.md, "Traces"): the binary scripts/install.sh --traces builds,
 with scripts/jaeger/jaeger.yaml (traces in memory) on free ports, and its query API."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _free_port() -> int:
 class Jaeger:
     def __init__(self, root: Path) -> None:
         if not BINARY.exists():
-            pytest.fail(f"{BINARY} is missing: run scripts/install.sh (it builds Jaeger v1.75.0)", pytrace=False)
+            pytest.fail(f"{BINARY} is missing: run scripts/install.sh --traces (builds Jaeger v1.75.0)", pytrace=False)
         self.otlp_port, self.ui_port, grpc_port = _free_port(), _free_port(), _free_port()
         env = {
             **{name: value for name, value in os.environ.items() if not name.startswith("OTEL_")},
