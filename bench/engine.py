@@ -35,7 +35,8 @@ if str(REPO) not in sys.path:
 import orjson  # noqa: E402
 
 from pipeline.journal import heap  # noqa: E402
-from pipeline.journal.engine import CommandRecord, PartitionEngine  # noqa: E402
+from pipeline.journal.decisions import CommandRecord  # noqa: E402
+from pipeline.journal.engine import PartitionEngine  # noqa: E402
 from processors.reducer import fold  # noqa: E402
 from processors.state import AgentState  # noqa: E402
 from schemas.events import CONTEXT_ADDED, decode_event  # noqa: E402

@@ -155,3 +155,31 @@ def append_header(path: str, event_type: str, door: str) -> bytes | None:
     )
     span.end()
     return header_of(span)
+
+
+# --- the journal worker --------------------------------------------------------------------------
+
+
+def journal_header(parent: bytes | None, event: Any | None, outcome: str) -> bytes:
+    """The traceparent of one decided command's records: an `agentstream.journal` span (the
+    stream path, offset and event type when journaled), a child of the command's, ended at once."""
+    attributes: dict[str, Any] = {"agentstream.outcome": outcome}
+    if event is not None:
+        attributes["agentstream.stream.path"] = event.streamPath
+        attributes["agentstream.journal.offset"] = event.offset
+        attributes["agentstream.event.type"] = event.type
+    span = start("agentstream.journal", parent, attributes)
+    span.end()
+    return header_of(span)
+
+
+def schedule_header(trigger: bytes | None, path: str, event_type: str, pending: Any | None) -> bytes:
+    """The traceparent of a turn the scheduler decided: an `agentstream.schedule` span with its
+    reason, in the trace of the trigger it answers, ended at once."""
+    reason = f"{event_type.rsplit('/', 1)[-1]}: {pending.source if pending else 'no'} trigger"
+    attributes: dict[str, Any] = {"agentstream.stream.path": path, "agentstream.schedule.reason": reason}
+    if pending is not None:
+        attributes["agentstream.trigger.offset"] = pending.offset
+    span = start("agentstream.schedule", trigger, attributes)
+    span.end()
+    return header_of(span)

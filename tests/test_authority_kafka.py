@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from pipeline.client import AppendRejected
-from pipeline.journal.engine import H_REASON
 from processors.reducer import fold_all
 from processors.scheduler import breaker_reason
 from processors.state import AgentState
@@ -33,6 +32,7 @@ from tests.gateway_server import GatewayServer, Tokens
 from tests.kafka_stack import Stack, wait_until
 from tests.support.scripted_stack import birth, scripted_stack
 from tests.support.tagged_model import TaggedReplies, script
+from topics.headers import H_REASON
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(400)]
 

@@ -9,9 +9,9 @@ import asyncio
 import orjson
 import pytest
 
-from pipeline.journal.engine import H_REASON
 from pipeline.settings import Settings, SettingsError
 from tests.support.engine_harness import NAMES, PATH, EngineHarness
+from topics.headers import H_REASON
 
 BLOB = "events.iterate.com/test/blob"  # a type the agent does not consume: any object payload
 

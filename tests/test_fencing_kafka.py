@@ -33,7 +33,6 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.journal.engine import H_APPEND_ID
 from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
@@ -43,6 +42,7 @@ from tests.kafka_stack import Stack, Worker, ensure_broker, read_committed, wait
 from tests.support.appender import RetryingAppender
 from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_text
 from tests.support.turns import audit_turns, journals, unanswered, user
+from topics.headers import H_APPEND_ID
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -38,7 +38,6 @@ from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.journal.engine import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
 from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import RdictRows, live_store_paths, open_rows
 from pipeline.journal.replay_verify import verify
@@ -55,6 +54,7 @@ from schemas.events import (
     TOKEN_USAGE_REPORTED,
 )
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
+from topics.headers import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 

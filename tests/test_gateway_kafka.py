@@ -18,7 +18,6 @@ import orjson
 import pytest
 import yaml
 
-from pipeline.journal.engine import H_APPEND_ID
 from schemas.events import AGENT_PAUSED, CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED, SLACK_WEBHOOK_RECEIVED
 from tests.gateway_server import (
@@ -30,6 +29,7 @@ from tests.gateway_server import (
     slack_headers,
 )
 from tests.kafka_stack import Stack, ensure_broker, wait_until
+from topics.headers import H_APPEND_ID
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 

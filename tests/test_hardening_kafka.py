@@ -16,10 +16,10 @@ import orjson
 import pytest
 
 from pipeline.client import AppendRejected, Client, Receipt
-from pipeline.journal.engine import H_REASON
 from processors import rows
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
+from topics.headers import H_REASON
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 

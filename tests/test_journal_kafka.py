@@ -11,12 +11,12 @@ import pytest
 
 from pipeline import base_policy
 from pipeline.client import AppendRejected
-from pipeline.journal.engine import H_REASON
 from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED, STREAM_ERROR_OCCURRED
 from tests.kafka_stack import Stack, ensure_broker, wait_until
+from topics.headers import H_REASON
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 

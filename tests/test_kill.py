@@ -40,12 +40,12 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from pipeline.client import AppendTimeout, Receipt
-from pipeline.journal.engine import H_APPEND_ID
 from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, ensure_broker, wait_until
+from topics.headers import H_APPEND_ID
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
 

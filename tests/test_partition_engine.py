@@ -19,14 +19,8 @@ import pytest
 from pipeline import metrics
 from pipeline.journal import records
 from pipeline.journal.checkpoint import Checkpoint, CommandPositions, Status, changelog_order
-from pipeline.journal.engine import (
-    H_REASON,
-    H_SOURCE_OFFSET,
-    H_SOURCE_TOPIC,
-    SCHEDULER,
-    CommandRecord,
-    PartitionEngine,
-)
+from pipeline.journal.decisions import CommandRecord
+from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
 from pipeline.kafka.producer import Fenced
 from processors import row_codec, rows
@@ -40,6 +34,7 @@ from schemas.events import (
     TOKEN_USAGE_REPORTED,
 )
 from tests.support.journal_fakes import DictStore, FakeTransactions
+from topics.headers import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC, SCHEDULER
 from topics.names import topic_names
 
 NAMES = topic_names("t-")

@@ -9,9 +9,9 @@ import asyncio
 
 import orjson
 
-from pipeline.journal.engine import H_REASON
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.support.engine_harness import NAMES, EngineHarness
+from topics.headers import H_REASON
 
 
 def settled(duration_ms: int, append_id: str) -> dict[str, object]:

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL, PartitionEngine
+from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
 from pipeline.journal.replay_fold import PartitionFold, Record, decode_record
 from processors import row_codec, rows
@@ -45,6 +45,7 @@ from schemas.events import (
 from schemas.limits import INT_MAX, INT_MIN
 from schemas.routing import AGENT_SUBSCRIBED
 from tests.support.journal_fakes import DictStore, FakeTransactions
+from topics.headers import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from topics.names import topic_names
 
 WEBHOOK = "events.iterate.com/github/webhook-received"  # a type the agent does not consume

@@ -21,7 +21,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from pipeline.journal.engine import CommandRecord, PartitionEngine
+from pipeline.journal.decisions import CommandRecord
+from pipeline.journal.engine import PartitionEngine
 from topics.admin import quiet_librdkafka
 from topics.names import TopicNames
 

@@ -34,7 +34,6 @@ import heapq
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -43,6 +42,7 @@ from pydantic import ValidationError
 from pipeline import metrics, tracing
 from pipeline.journal import heap
 from pipeline.journal.checkpoint import Checkpoint, Committer, RowStore, TransactionalProducer
+from pipeline.journal.decisions import CommandRecord, HandledCommand
 from pipeline.journal.follow_ups import FollowUps
 from pipeline.journal.streams import StreamEntry, StreamRepository
 from pipeline.kafka.partitioner import partition_for
@@ -60,18 +60,9 @@ from schemas.events import (
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
 from schemas.outcomes import AppendOutcome, AppendStatus
 from schemas.requests import Transport
+from topics.headers import H_APPEND_ID, H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL, SCHEDULER
 
 log = logging.getLogger("agentstream.journal")
-
-# Kafka record headers carried by journal records (and DLQ records).
-H_APPEND_ID = "append-id"
-H_SOURCE_OFFSET = "source-offset"
-# On journal records: "internal" for agent-internal-appends, "scheduler" for the scheduler's
-# decisions journaled at once (no command topic, no source offset), absent for agent-appends.
-H_SOURCE_TOPIC = "source-topic"
-INTERNAL = b"internal"
-SCHEDULER = b"scheduler"
-H_REASON = "reason"
 
 # The fold-time histogram times one command in this many: an unbiased sample of the same
 # distribution, without a histogram update (three locked increments) per command.
@@ -80,36 +71,6 @@ FOLD_SAMPLE_EVERY = 16
 # A scheduler decision not journaled within this time is decided again (its idempotency key makes
 # a duplicate harmless).
 RESEND_AFTER_MS = 5_000
-
-
-@dataclass(slots=True)
-class CommandRecord:
-    """One Kafka record of a command topic as the engine reads it (its value parses as an `AppendCommand`)."""
-
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-    headers: dict[str, bytes]
-    internal: bool = False  # read from agent-internal-appends (only the workers produce there)
-    # A scheduler decision journaled at once: read from no topic, so no source offset to record.
-    scheduled: bool = False
-
-
-@dataclass(slots=True)
-class HandledCommand:
-    """What deciding one command produced, before it is staged in the checkpoint."""
-
-    command: CommandRecord
-    rows: list[rows.Row]
-    # Records that follow the journal record (results, LLM requests, script commands): in the same
-    # transaction, so nothing downstream ever sees an event the journal might still lose.
-    after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
-    journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers
-    reject_reason: str | None = None  # set: the command goes to the dead-letter topic
-    event: Any = None  # the journaled event
-    # The traceparent every record written on its behalf carries (docs/behaviour.md §8).
-    trace: bytes | None = None
 
 
 class PartitionEngine:
@@ -482,14 +443,7 @@ class PartitionEngine:
         trigger = self.trigger_traces.pop(path, None)
         headers = {} if trigger is None else {TRACEPARENT: trigger}
         if tracing.ON:  # the turn decided, in the trigger's trace (docs/behaviour.md §8)
-            pending = entry.state.pending
-            reason = f"{body['type'].rsplit('/', 1)[-1]}: {pending.source if pending else 'no'} trigger"
-            attributes = {"agentstream.stream.path": path, "agentstream.schedule.reason": reason}
-            if pending is not None:
-                attributes["agentstream.trigger.offset"] = pending.offset
-            span = tracing.start("agentstream.schedule", trigger, attributes)
-            span.end()
-            headers = {TRACEPARENT: tracing.header_of(span)}
+            headers = {TRACEPARENT: tracing.schedule_header(trigger, path, body["type"], entry.state.pending)}
         command = CommandRecord(self.partition, -1, path.encode(), value, headers, internal=True, scheduled=True)
         try:
             decision = self._decide(command)
@@ -508,14 +462,7 @@ class PartitionEngine:
         event = decision.event
         if tracing.ON:
             outcome = "journaled" if event is not None else "rejected" if decision.reject_reason else "duplicate"
-            attributes: dict[str, Any] = {"agentstream.outcome": outcome}
-            if event is not None:
-                attributes["agentstream.stream.path"] = event.streamPath
-                attributes["agentstream.journal.offset"] = event.offset
-                attributes["agentstream.event.type"] = event.type
-            span = tracing.start("agentstream.journal", parent, attributes)
-            span.end()
-            decision.trace = tracing.header_of(span)
+            decision.trace = tracing.journal_header(parent, event, outcome)
         else:
             decision.trace = parent
         if event is not None and decision.trace is not None:
@@ -527,8 +474,6 @@ class PartitionEngine:
         for event_type, count in self.journaled_types.items():
             metrics.journaled(event_type).inc(count)
         self.journaled_types.clear()
-
-    # --- recovery ------------------------------------------------------------------------------
 
 
 def _parsed_or_none(value: bytes) -> AppendCommand | None:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 import orjson
 
 from pipeline.journal import records
-from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from pipeline.journal.streams import StreamEntry
 from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.read import read_ranges_async
@@ -41,6 +40,7 @@ from schemas.capabilities import SCRIPT_RUN_REQUESTED
 from schemas.config import AgentConfig
 from schemas.events import EnvelopeError, InvalidPayloadEvent, decode_event
 from schemas.outcomes import AppendOutcome
+from topics.headers import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer

@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 
 import orjson
 
-from pipeline.journal.engine import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from processors import dedupe, row_codec, rows
 from processors.dedupe import RowReader
 from processors.journal import payload_hash
@@ -36,6 +35,7 @@ from schemas.events import (
     JournalEvent,
     decode_event,
 )
+from topics.headers import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 
 log = logging.getLogger("agentstream.replay")
 

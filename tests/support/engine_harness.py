@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from pipeline.journal.engine import CommandRecord, PartitionEngine
+from pipeline.journal.decisions import CommandRecord
+from pipeline.journal.engine import PartitionEngine
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from topics.names import topic_names
 
