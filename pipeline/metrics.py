@@ -72,7 +72,10 @@ def count_turns(owned: Mapping[int, TurnCounts]) -> None:
 
 
 CONSUMER_LAG = Gauge(
-    "agentstream_consumer_lag", "Records in agent-appends not yet handled, per partition.", ["topic", "partition"]
+    "agentstream_consumer_lag",
+    "Records of a consumed topic not yet handled, per consumer group and partition: agent-appends "
+    "(journal worker), llm-requests (LLM caller), script-runs (capability host).",
+    ["group", "topic", "partition"],
 )
 PROVIDER_SECONDS = Histogram(
     "agentstream_provider_request_seconds", "LLM provider call time, by outcome.", ["outcome"], buckets=_PROVIDER

@@ -35,6 +35,16 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
+def lags(samples: dict) -> dict[tuple[str, str], float]:
+    """agentstream_consumer_lag summed per (group, topic)."""
+    found: dict[tuple[str, str], float] = {}
+    for (name, labels), sample in samples.items():
+        if name == "agentstream_consumer_lag":
+            key = (dict(labels)["group"], dict(labels)["topic"])
+            found[key] = found.get(key, 0.0) + sample
+    return found
+
+
 def test_counters_move_after_a_turn(tmp_path: Path) -> None:
     ensure_broker()
     journal_port, caller_port = free_port(), free_port()
@@ -84,5 +94,19 @@ def test_counters_move_after_a_turn(tmp_path: Path) -> None:
             assert value(samples, "agentstream_fold_seconds_count") >= 1
             caller = scrape(caller_port)
             assert value(caller, "agentstream_provider_request_seconds_count", outcome="succeeded") == 1
+            # Each member reports its consumer group's lag per partition: the journal worker on
+            # agent-appends, the caller on llm-requests (from its first unfinished record).
+            names = stack.client.topics
+            journal_group, caller_group = f"{stack.settings.app_id}-commands", stack.settings.caller_group
+            wait_until(
+                lambda: lags(scrape(journal_port)) == {(journal_group, names.appends): 0.0},
+                timeout=30,
+                what="the journal worker's lag on agent-appends, all handled",
+            )
+            wait_until(
+                lambda: lags(scrape(caller_port)) == {(caller_group, names.llm_requests): 0.0},
+                timeout=30,
+                what="the caller's lag on llm-requests, all handled",
+            )
         finally:
             stack.close()

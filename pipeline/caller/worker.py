@@ -113,7 +113,7 @@ class LlmCaller:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._client = await asyncio.to_thread(lambda: Client(settings, internal=True))
-        self.commits = OffsetCommits(flush_before_commit(self._client))
+        self.commits = OffsetCommits(flush_before_commit(self._client), group=settings.caller_group)
         self._outcomes = OutcomeWriter(self._client, (settings.openai_api_key,), settings.context_tokens)
         self._provider = Provider(settings)
         files = FileLoader(blob_store(settings), settings)
@@ -330,6 +330,7 @@ class LlmCaller:
             if time.monotonic() - last_receipts >= 1.0:
                 last_receipts = time.monotonic()
                 self._outcomes.check_receipts()
+                await self.commits.report_lag(self._consumer)
 
     async def _read_ahead_then_resume(self, assigned: set[TopicPartition]) -> None:
         try:

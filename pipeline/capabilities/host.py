@@ -76,7 +76,7 @@ class CapabilityHost:
         self.topic = topic_names(settings.topic_prefix).script_runs
         self.backpressure = Backpressure(high=4 * config.concurrency + 64, low=config.concurrency)
         self._lanes: dict[str, ScriptLane] = {}
-        self.commits = OffsetCommits()
+        self.commits = OffsetCommits(group=config.group)
         self._owned: set[TopicPartition] = set()  # assigned and not being revoked: runs may start
         self.fatal: BaseException | None = None
         self._stopping = False
@@ -359,10 +359,14 @@ class CapabilityHost:
     # ---- commits and rebalances -----------------------------------------------------------------
 
     async def _commit_loop(self) -> None:
+        rounds = 0
         while True:
             await asyncio.sleep(0.5)
+            rounds += 1
             try:
                 await self._commit()
+                if rounds % 2 == 0 and self._consumer is not None:
+                    await self.commits.report_lag(self._consumer)
             except Exception as error:  # the next round retries
                 log.warning("commit failed, retrying: %s", error)
 

@@ -157,7 +157,8 @@ def build_app(settings: Settings) -> faust.App:
     kafka_config = settings.kafka_client_config()
     app.agentstream_kafka_config = kafka_config  # type: ignore[attr-defined]  # CommittedTableManager reads it
     producer_config = {**kafka_config, "message.max.bytes": LLM_REQUESTS_MAX_MESSAGE_BYTES + (1 << 20)}
-    reader = CommandReader(kafka_config, names, f"{settings.app_id}-commands", crash)
+    commands_group = f"{settings.app_id}-commands"
+    reader = CommandReader(kafka_config, names, commands_group, crash)
     engines = reader.engines
     metrics.count_turns(engines)  # the partitions owned now: a revoked one no longer counts
 
@@ -313,7 +314,7 @@ def build_app(settings: Settings) -> faust.App:
         for partition in list(engines):
             lag = reader.lag(partition)
             if lag is not None:
-                metrics.CONSUMER_LAG.labels(names.appends, str(partition)).set(lag)
+                metrics.CONSUMER_LAG.labels(commands_group, names.appends, str(partition)).set(lag)
 
     @app.on_partitions_revoked.connect
     async def revoked(app: Any, revoked: set[Any], **_: Any) -> None:
