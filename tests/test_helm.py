@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline import tracing
 from pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +45,7 @@ FAKE_VALUES = {
     "ca": "-----BEGIN CERTIFICATE-----zz-FAKE-CA-2e9f",
 }
 
+OTEL_SETTINGS = {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"}
 EVERYTHING_ON: dict[str, Any] = {
     "kafka": {
         "bootstrapServers": "kafka-0.kafka:9093,kafka-1.kafka:9093",
@@ -73,6 +75,7 @@ EVERYTHING_ON: dict[str, Any] = {
     "metrics": {"port": 9999, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     "journal": {"replicas": 6, "webPort": 6066, "persistence": {"storageClassName": "fast", "size": "5Gi"}},
     "caller": {"replicas": 3},
+    "tracing": {"otlpEndpoint": "http://otel-collector.monitoring:4318", "jaegerUiUrl": "https://jaeger.example"},
 }
 
 
@@ -299,7 +302,7 @@ def test_topics_job_is_a_pre_install_and_pre_upgrade_hook_with_the_configmap_set
 def test_settings_render_into_a_configmap_the_app_accepts(
     default_render: tuple[str, list[dict[str, Any]]], full_render: tuple[str, list[dict[str, Any]]]
 ) -> None:
-    known = {f"AGENTSTREAM_{name.upper()}" for name in Settings.model_fields} | PENDING_SETTINGS
+    known = {f"AGENTSTREAM_{name.upper()}" for name in Settings.model_fields} | PENDING_SETTINGS | OTEL_SETTINGS
     for _, objects in (default_render, full_render):
         data = one(objects, "ConfigMap")["data"]
         assert set(data) <= known, set(data) - known
@@ -322,6 +325,20 @@ def test_settings_render_into_a_configmap_the_app_accepts(
     assert settings.llm_context_tokens == {"zz-model": 32768, "smollm2": 8192}
     assert settings.llm_default_context_tokens == 64000
     assert data["AGENTSTREAM_METRICS_PORT"] == "9999"
+    assert settings.jaeger_ui_url == "https://jaeger.example"
+
+
+def test_8_traces_are_off_by_default_and_an_otlp_endpoint_turns_them_on_sampled_at_the_root(
+    default_render: tuple[str, list[dict[str, Any]]], full_render: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """§8: every process exports spans when the standard OTEL_* variables say where; the chart sets
+    them for all, with a root sampler (docs/operations.md, "Traces")."""
+    assert not set(one(default_render[1], "ConfigMap")["data"]) & OTEL_SETTINGS
+    data = one(full_render[1], "ConfigMap")["data"]
+    assert data["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4318"
+    assert (data["OTEL_TRACES_SAMPLER"], data["OTEL_TRACES_SAMPLER_ARG"]) == ("parentbased_traceidratio", "0.1")
+    assert tracing.wanted(data)
+    assert not tracing.wanted(one(default_render[1], "ConfigMap")["data"])
 
 
 def test_every_pod_serves_metrics_on_its_ip_and_the_host_is_a_value(

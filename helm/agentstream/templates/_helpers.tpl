@@ -118,6 +118,14 @@ AGENTSTREAM_LLM_MAX_TOKENS: {{ .Values.llm.maxTokens | int | quote }}
 AGENTSTREAM_LLM_CONTEXT_TOKENS: {{ toJson . | quote }}
 {{- end }}
 AGENTSTREAM_LLM_DEFAULT_CONTEXT_TOKENS: {{ .Values.llm.defaultContextTokens | int | quote }}
+{{- with .Values.tracing.otlpEndpoint }}
+OTEL_EXPORTER_OTLP_ENDPOINT: {{ . | quote }}
+OTEL_TRACES_SAMPLER: {{ $.Values.tracing.sampler | quote }}
+OTEL_TRACES_SAMPLER_ARG: {{ $.Values.tracing.samplerArg | toString | quote }}
+{{- end }}
+{{- with .Values.tracing.jaegerUiUrl }}
+AGENTSTREAM_JAEGER_UI_URL: {{ . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* Kafka SASL credentials from kafka.sasl.existingSecret (env entries; empty without it). */}}
