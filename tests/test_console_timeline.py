@@ -81,6 +81,14 @@ def test_a_hop_against_another_hosts_clock_is_drawn_as_zero_and_marked() -> None
     assert waterfall(turn_timeline(times)).bars[0].duration == "0 ms (clock skew)"
 
 
+def test_a_hop_whose_ends_fall_in_the_same_millisecond_is_zero_and_not_clock_skew() -> None:
+    """Only a hop whose end comes before its start is clock skew (docs/operations.md, "Timeline")."""
+    times = TurnTimes(4, T + 10, trigger_offset=3, appended_ms=T, trigger_journaled_ms=T)
+    hop = turn_timeline(times).hops[0]
+    assert (hop.name, hop.duration_ms, hop.skewed) == ("appended → journaled", 0, False)
+    assert waterfall(turn_timeline(times)).bars[0].duration == "0 ms"
+
+
 def test_the_script_run_follows_the_answer() -> None:
     times = TurnTimes(
         4,
@@ -147,6 +155,20 @@ def test_the_times_come_from_the_journal_events_of_the_turn() -> None:
     assert (times.call_ms, times.status, times.script_run_ms, times.script_status) == (7, "succeeded", 3, "succeeded")
     assert times.script_settled_ms == journal.at_ms(ran)
     assert times.answered_ms is None  # no command timestamp given: not invented
+
+
+def test_an_open_request_has_no_answer_even_given_a_command_timestamp() -> None:
+    """The answer's time is the settlement command's timestamp (docs/operations.md, "Timeline"): a
+    request with no settlement journaled has no answer point, and nothing after it."""
+    journal = Journal(step_ms=10)
+    journal.created()
+    journal.system("policy", key="agent/system-prompt")
+    trigger = journal.user("hi")
+    request = journal.request()
+    events = {e.offset: e for e in journal.decoded()}
+    times = turn_times(request, events, trigger, None, appended_ms=None, answered_ms=journal.at_ms(request) + 5)
+    assert times.answered_ms is None
+    assert [p.name for p in turn_timeline(times).points] == ["trigger journaled", "scheduled"]
 
 
 def test_the_trace_link_needs_a_jaeger_url_and_a_valid_traceparent() -> None:

@@ -85,6 +85,23 @@ def test_3_3_the_content_type_is_sniffed_from_the_bytes(data: bytes, expected: s
     assert sniff(data) == expected
 
 
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"\x89PNG\r\n\x1a" + bytes(24), "application/octet-stream"),  # 7 of the PNG signature's 8 bytes
+        (b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(24), "application/octet-stream"),  # RIFF, but a WAV
+        (b"id\tname\tscore\n1\tada\t3\n", "text/plain"),  # tab-separated
+        (b"def f():\n\treturn 1\n", "text/plain"),  # tab-indented
+    ],
+)
+def test_3_3_only_a_whole_magic_number_names_an_image_and_a_tab_is_not_a_binary_control(
+    data: bytes, expected: str
+) -> None:
+    """§3.3: "PNG, JPEG, GIF, WebP and PDF by their magic numbers" (all of it: the 8-byte PNG signature,
+    RIFF with WEBP); "UTF-8 text without binary control characters" is text, and a tab is text."""
+    assert sniff(data) == expected
+
+
 def test_3_3_a_multibyte_character_cut_at_the_end_of_the_sniffed_head_is_still_text() -> None:
     data = ("é" * TEXT_INLINE_MAX_BYTES).encode()  # two bytes each: the head ends mid-character or not
     assert sniff_content_type(data[: TEXT_INLINE_MAX_BYTES - 1], complete=False) == "text/plain"
@@ -119,6 +136,14 @@ def test_3_3_a_long_filename_is_capped_keeping_its_extension() -> None:
     name = sanitise_filename("x" * 1000 + ".csv")
     assert len(name) == FILENAME_MAX_CHARS and name.endswith(".csv")
     assert len(sanitise_filename("y" * 1000)) == FILENAME_MAX_CHARS
+
+
+def test_3_3_a_filename_of_exactly_128_characters_is_kept_and_one_more_is_capped_to_128() -> None:
+    """§3.3: the filename is "at most 128 characters keeping the extension"."""
+    exact = "x" * 124 + ".csv"
+    assert len(exact) == 128 and sanitise_filename(exact) == exact
+    longer = sanitise_filename("y" * 125 + ".csv")
+    assert longer == "y" * 124 + ".csv" and len(longer) == 128
 
 
 # --- the upload gate ----------------------------------------------------------------------------
@@ -202,6 +227,16 @@ def test_3_3_a_text_file_over_64_kib_is_a_hint_line() -> None:
         [Message(role="user", content="y", files=[attachment(exact, "e.txt")])], blobs_of(exact), ALL, None
     )
     assert "[file: e.txt]" in sent["content"]
+
+
+def test_3_3_text_of_exactly_64_kib_is_fetched_and_inlined_and_one_byte_more_is_a_hint_line() -> None:
+    """§3.3: "text, JSON, YAML or CSV of at most 64 KiB" (65 536 bytes) is inlined in a fence."""
+    exact, over = b"a" * 65_536, b"b" * 65_537
+    files = [attachment(exact, "exact.txt"), attachment(over, "over.txt")]
+    message = Message(role="user", content="t", files=files)
+    assert wanted_blobs([message], TEXT_ONLY, None) == [blob_hex(files[0]["path"])]
+    [sent] = render_files([message], blobs_of(exact, over), TEXT_ONLY, None)
+    assert sent["content"] == "t\n[file: exact.txt]\n```\n" + "a" * 65_536 + "\n```\n" + hint_line(files[1])
 
 
 def test_3_3_an_input_the_model_does_not_take_is_the_hint_line_and_the_content_stays_a_string() -> None:
@@ -327,3 +362,15 @@ def test_3_3_wanted_blobs_names_each_usable_blob_once_in_order_within_the_budget
     assert wanted_blobs(messages, ALL, None) == [blob_hex(a["path"]), blob_hex(b["path"])]
     assert wanted_blobs(messages, frozenset({"pdf"}), None) == [blob_hex(b["path"])]
     assert wanted_blobs(messages, ALL, 8) == []  # neither fits the budget at all
+
+
+def test_3_3_wanted_blobs_counts_a_file_as_its_base64_against_the_budget() -> None:
+    """§3.3: file bytes count against the request budget "in bytes of the messages as sent", and a
+    file is sent as base64 (4 bytes for 3): a blob whose base64 cannot fit is not fetched."""
+    document = pdf()
+    file = attachment(document, "b.pdf")
+    message = Message(role="user", content="1", files=[file])
+    as_sent = len(base64.b64encode(document))
+    assert as_sent > len(document)
+    assert wanted_blobs([message], ALL, as_sent) == [blob_hex(file["path"])]
+    assert wanted_blobs([message], ALL, as_sent - 1) == []

@@ -221,3 +221,10 @@ def test_1_created_at_never_goes_back_even_after_a_last_stamp_of_another_width()
     assert next_created_at(1_000, "1970-01-01T00:00:02.000+00:00") == "1970-01-01T00:00:02.000Z"
     assert next_created_at(3_000, "1970-01-01T00:00:02.000+00:00") == "1970-01-01T00:00:03.000Z"
     assert next_created_at(5, None) == "1970-01-01T00:00:00.005Z"
+
+
+def test_1_created_at_after_a_last_stamp_without_milliseconds_is_in_the_journals_format() -> None:
+    """§1 createdAt: `YYYY-MM-DDTHH:MM:SS.mmmZ`, never going backwards, also after a shorter last
+    stamp (no milliseconds), which is compared as an instant and never copied as it is."""
+    assert next_created_at(1_000, "1970-01-01T00:00:02Z") == "1970-01-01T00:00:02.000Z"
+    assert next_created_at(3_000, "1970-01-01T00:00:02Z") == "1970-01-01T00:00:03.000Z"

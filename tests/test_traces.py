@@ -48,6 +48,30 @@ def test_8_a_traceparent_parses_and_encodes_back_the_same() -> None:
     assert parse(b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00").sampled is False  # type: ignore[union-attr]
 
 
+def test_8_trace_flags_other_than_sampled_are_kept_and_only_the_sampled_bit_samples() -> None:
+    """§8: a process "passes a record's traceparent on unchanged": every flag bit survives, and only
+    bit 01 (sampled) makes the trace sampled."""
+    unsampled = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-02"
+    found = parse(unsampled)
+    assert found is not None and found.flags == 0x02 and not found.sampled
+    both = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03"
+    assert parse(both).encode() == both and parse(both).sampled  # type: ignore[union-attr]
+
+
+def test_8_a_trace_id_with_leading_zeros_keeps_its_32_hex_digits() -> None:
+    """§8: the trace a traceparent names is its 32 hex digits, leading zeros included."""
+    parent = b"00-00000000000000000000000000000abc-0000000000000def-01"
+    assert trace_id_hex(parent) == "00000000000000000000000000000abc"
+    assert parse(parent).encode() == parent  # type: ignore[union-attr]
+
+
+def test_8_a_later_versions_traceparent_is_read_by_its_first_four_fields() -> None:
+    """§8: a W3C traceparent of a later version may carry more fields after the flags: it is still
+    valid and read by its first four (version 00 has exactly four, version ff is invalid)."""
+    later = b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-more"
+    assert parse(later) == TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
