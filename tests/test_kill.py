@@ -3,7 +3,7 @@
 At least 20 000 appends over 50 raw streams (no system prompt, so no LLM turn is ever scheduled)
 are sent through the client API at a steady pace while the journal worker is SIGKILLed (6 times by
 default) and restarted after a short random pause; the producer never stops, and keeps sending until
-the last kill has landed however slowly the worker restarts (up to 3x as many appends). Each kill lands at a
+the last kill has landed however slowly the worker restarts (past the first 20 000, at 25/s). Each kill lands at a
 random moment (seeded) after the restarted worker has begun journaling again, while it works
 through the backlog its downtime left, so rows, acknowledgements and changelog records are in
 flight. Each content is unique ("s07#123|" plus filler: items of a few kilobytes make the changelog
@@ -54,6 +54,8 @@ APPENDS = int(os.environ.get("AGENTSTREAM_KILL_APPENDS", "20000"))
 # Appends/s offered: slow enough for 5+ kill cycles on a busy 2-core machine.
 RATE = float(os.environ.get("AGENTSTREAM_KILL_RATE", "350"))
 KILLS = int(os.environ.get("AGENTSTREAM_KILL_COUNT", "6"))
+# Appends/s once the first APPENDS are sent while kills are still to come (a slow machine's restarts).
+TRICKLE_RATE = 25.0
 PAD = int(os.environ.get("AGENTSTREAM_KILL_PAD", "2500"))
 STREAMS = 50
 PARTITIONS = 4
@@ -126,9 +128,15 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
             started = time.monotonic()
             counters = [0] * STREAMS
             n = 0
-            while n < APPENDS or (killing.is_set() and n < APPENDS * 3):
+            trickle_from = 0.0
+            while n < APPENDS or (killing.is_set() and n < APPENDS * 2):
                 index = plan.randrange(STREAMS)
-                delay = started + n / RATE - time.monotonic()
+                if n < APPENDS:
+                    due = started + n / RATE
+                else:  # kills still to come: a trickle keeps the worker at work without a long drain
+                    trickle_from = trickle_from or time.monotonic()
+                    due = trickle_from + (n - APPENDS) / TRICKLE_RATE
+                delay = due - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
                 content = f"s{index:02d}#{counters[index]}|{pad}"
