@@ -567,3 +567,41 @@ def test_dockerfile_copies_only_what_the_build_context_keeps() -> None:
         assert not dockerignored(kept), kept
     for left_out in (".venv", ".local", ".git", "tests", "helm", "pipeline/__pycache__", "Makefile"):
         assert dockerignored(left_out), left_out
+
+
+def test_3_3_gateway_and_caller_share_one_s3_blob_store_with_keys_from_a_secret(
+    helm: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """§3.3: the gateway stores uploaded bytes and the caller reads them, so a cluster names one
+    bucket for both; its keys come from a Secret, never inlined (docs/reference.md, "Files")."""
+    values = {
+        "gateway": {"enabled": True, "tokensSecret": "zz-gateway-tokens"},
+        "blobStore": {
+            "s3": {
+                "bucket": "zz-blobs",
+                "prefix": "agentstream/",
+                "endpoint": "http://minio:9000",
+                "existingSecret": "zz-blob-keys",
+            },
+        },
+    }
+    _, objects = render(helm, tmp_path, values)
+    data = one(objects, "ConfigMap")["data"]
+    settings = Settings.from_env({k: v for k, v in data.items() if k not in PENDING_SETTINGS})
+    assert (settings.blob_s3_bucket, settings.blob_s3_prefix, settings.blob_s3_endpoint) == (
+        "zz-blobs",
+        "agentstream/",
+        "http://minio:9000",
+    )
+    by_role = {container(w)["args"][-1]: w for w in by_kind(objects, "Deployment")}
+    for role in ("gateway", "caller"):
+        env = env_of(by_role[role])
+        for name, key in (
+            ("AGENTSTREAM_BLOB_S3_ACCESS_KEY_ID", "access-key-id"),
+            ("AGENTSTREAM_BLOB_S3_SECRET_ACCESS_KEY", "secret-access-key"),
+        ):
+            assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "zz-blob-keys", "key": key}, role
+    assert "AGENTSTREAM_BLOB_S3_SECRET_ACCESS_KEY" not in env_of(one(objects, "StatefulSet"))
+
+    _, objects = render(helm, tmp_path)
+    assert not any(key.startswith("AGENTSTREAM_BLOB_S3") for key in one(objects, "ConfigMap")["data"])

@@ -118,6 +118,16 @@ AGENTSTREAM_LLM_MAX_TOKENS: {{ .Values.llm.maxTokens | int | quote }}
 AGENTSTREAM_LLM_CONTEXT_TOKENS: {{ toJson . | quote }}
 {{- end }}
 AGENTSTREAM_LLM_DEFAULT_CONTEXT_TOKENS: {{ .Values.llm.defaultContextTokens | int | quote }}
+{{- with .Values.blobStore.s3.bucket }}
+AGENTSTREAM_BLOB_S3_BUCKET: {{ . | quote }}
+AGENTSTREAM_BLOB_S3_PREFIX: {{ $.Values.blobStore.s3.prefix | quote }}
+{{- with $.Values.blobStore.s3.endpoint }}
+AGENTSTREAM_BLOB_S3_ENDPOINT: {{ . | quote }}
+{{- end }}
+{{- with $.Values.blobStore.s3.region }}
+AGENTSTREAM_BLOB_S3_REGION: {{ . | quote }}
+{{- end }}
+{{- end }}
 {{- with .Values.tracing.otlpEndpoint }}
 OTEL_EXPORTER_OTLP_ENDPOINT: {{ . | quote }}
 OTEL_TRACES_SAMPLER: {{ $.Values.tracing.sampler | quote }}
@@ -125,6 +135,22 @@ OTEL_TRACES_SAMPLER_ARG: {{ $.Values.tracing.samplerArg | toString | quote }}
 {{- end }}
 {{- with .Values.tracing.jaegerUiUrl }}
 AGENTSTREAM_JAEGER_UI_URL: {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The blob store's S3 keys from blobStore.s3.existingSecret (env entries; empty without it). */}}
+{{- define "agentstream.blobSecretEnv" -}}
+{{- if and .Values.blobStore.s3.bucket .Values.blobStore.s3.existingSecret -}}
+- name: AGENTSTREAM_BLOB_S3_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.blobStore.s3.existingSecret }}
+      key: {{ .Values.blobStore.s3.accessKeyIdKey }}
+- name: AGENTSTREAM_BLOB_S3_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.blobStore.s3.existingSecret }}
+      key: {{ .Values.blobStore.s3.secretAccessKeyKey }}
 {{- end }}
 {{- end }}
 
