@@ -173,11 +173,15 @@ class Stack:
             env[f"AGENTSTREAM_CAPABILITIES_{name.upper()}"] = str(value)
         return env
 
-    def start_router(self) -> subprocess.Popen[bytes]:
+    def start_router(self, metrics_port: int = 0) -> subprocess.Popen[bytes]:
         """The router (`agentstream worker router`) with its own app id, so its tables are this stack's."""
         router: subprocess.Popen[bytes] | None = getattr(self, "router", None)
         assert router is None or router.poll() is not None
-        env = {**self.env(), "AGENTSTREAM_ROUTER_APP_ID": self.router_app_id, "AGENTSTREAM_ROUTER_METRICS_PORT": "0"}
+        env = {
+            **self.env(),
+            "AGENTSTREAM_ROUTER_APP_ID": self.router_app_id,
+            "AGENTSTREAM_ROUTER_METRICS_PORT": str(metrics_port),
+        }
         log = (self.settings.data_dir / "router.log").open("ab")
         self.router = subprocess.Popen(
             [str(BIN / "agentstream"), "worker", "router"], env=env, stdout=log, stderr=subprocess.STDOUT

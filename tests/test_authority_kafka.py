@@ -30,7 +30,7 @@ from schemas.events import (
 from schemas.routing import AGENT_SUBSCRIBED
 from tests.gateway_server import GatewayServer, Tokens
 from tests.kafka_stack import Stack, wait_until
-from tests.support.scripted_stack import birth, scripted_stack
+from tests.support.scripted_stack import birth, served_stack
 from tests.support.tagged_model import TaggedReplies, script
 from topics.headers import H_REASON
 
@@ -82,21 +82,15 @@ def user_message(text: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("authority")
-    with scripted_stack(root, REPLIES) as stack:
-        tokens = Tokens(root / "tokens.yaml")
-        issued = {
-            "platform": tokens.add("platform", "/**"),
-            "alice": tokens.add("user", "/agents/alice/**", userId="alice"),
-            "integration": tokens.add("integration", "/integrations/**"),
-            "platform-integrations": tokens.add("platform", "/integrations/**"),
-        }
-        stack.start_worker()
-        stack.start_caller()
-        stack.start_capabilities(concurrency=2)
-        stack.start_router()
-        with GatewayServer(stack.settings, tokens.path) as gateway:
-            gateway.wait_ready()
-            yield Env(stack, gateway, issued)
+    tokens = Tokens(root / "tokens.yaml")
+    issued = {
+        "platform": tokens.add("platform", "/**"),
+        "alice": tokens.add("user", "/agents/alice/**", userId="alice"),
+        "integration": tokens.add("integration", "/integrations/**"),
+        "platform-integrations": tokens.add("platform", "/integrations/**"),
+    }
+    with served_stack(root, tokens, REPLIES, capabilities={"concurrency": 2}, router={}) as served:
+        yield Env(served.stack, served.gateway, issued)
 
 
 # --- finding 1: scripts ignored every scope ---------------------------------------------------------

@@ -35,15 +35,14 @@ from pipeline.gateway.console.mirror import JournalMirror
 from pipeline.gateway.console.views import journal_page
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.gateway_server import GatewayServer, Tokens, request
-from tests.kafka_stack import REPO, Stack, ensure_broker, wait_until
+from tests.kafka_stack import REPO, Stack, wait_until
 from tests.support.files import png
-from tests.support.scripted_llm import ScriptedLLM
+from tests.support.scripted_stack import served_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-MODEL = "scripted"
 MARKUP = "<script>alert(1)</script>"
 OUTPUT = Path(os.environ.get("AGENTSTREAM_TEST_OUTPUT") or REPO / ".local" / "test-output") / "console"
 
@@ -62,31 +61,12 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("console")
-    with ScriptedLLM(model=MODEL) as llm:
-        stack = Stack(
-            root / "data",
-            partitions=2,
-            openai_base_url=llm.base_url,
-            openai_api_key="test-key",
-            llm_transport="openai-compatible",
-            llm_model=MODEL,
-        )
-        try:
-            stack.start_worker()
-            stack.start_caller()
-            tokens = Tokens(root / "tokens.yaml")
-            user = tokens.add("user", "/agents/**", userId="u-console", name="console-test")
-            outsider = tokens.add("user", "/agents/team-a/*", name="outsider")
-            settings = stack.settings.model_copy(update={"gateway_wait_timeout_s": 90.0})
-            with GatewayServer(settings, tokens.path) as gateway:
-                environment = Env(stack, gateway, user, outsider)
-                gateway.wait_ready()
-                yield environment
-        finally:
-            stack.stop_caller()
-            stack.close()
+    tokens = Tokens(root / "tokens.yaml")
+    user = tokens.add("user", "/agents/**", userId="u-console", name="console-test")
+    outsider = tokens.add("user", "/agents/team-a/*", name="outsider")
+    with served_stack(root, tokens, partitions=2, gateway={"gateway_wait_timeout_s": 90.0}) as served:
+        yield Env(served.stack, served.gateway, user, outsider)
 
 
 @pytest.fixture(scope="module")

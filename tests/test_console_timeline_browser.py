@@ -17,9 +17,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from schemas.capabilities import SCRIPT_RUN_SETTLED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
-from tests.gateway_server import GatewayServer, Tokens
-from tests.kafka_stack import Stack, ensure_broker, wait_until
-from tests.support.scripted_llm import Reply, ScriptedLLM
+from tests.gateway_server import Tokens
+from tests.kafka_stack import wait_until
+from tests.support.scripted_llm import Reply
+from tests.support.scripted_stack import SMALL_HOST, served_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, script
 from tests.test_console_browser import Env, browser, screenshot, sign_in, texts, wait_for
 
@@ -27,36 +28,16 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
 __all__ = ["browser"]  # the shared headless-browser fixture
 
-MODEL = "scripted"
 ROUTER = TaggedReplies()
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("timeline")
-    with ScriptedLLM(model=MODEL, default=ROUTER) as llm:
-        stack = Stack(
-            root / "data",
-            partitions=2,
-            openai_base_url=llm.base_url,
-            openai_api_key="test-key",
-            llm_transport="openai-compatible",
-            llm_model=MODEL,
-        )
-        try:
-            stack.start_worker()
-            stack.start_caller()
-            stack.start_capabilities(concurrency=2, max_memory_mb=64)
-            tokens = Tokens(root / "tokens.yaml")
-            user = tokens.add("user", "/agents/**", userId="u-timeline", name="timeline-test")
-            with GatewayServer(stack.settings, tokens.path) as gateway:
-                gateway.wait_ready()
-                yield Env(stack, gateway, user, user)
-        finally:
-            stack.stop_capabilities()
-            stack.stop_caller()
-            stack.close()
+    tokens = Tokens(root / "tokens.yaml")
+    user = tokens.add("user", "/agents/**", userId="u-timeline", name="timeline-test")
+    with served_stack(root, tokens, ROUTER, partitions=2, capabilities=SMALL_HOST) as served:
+        yield Env(served.stack, served.gateway, user, user)
 
 
 def test_a_requests_timeline_shows_its_hops_and_the_script_run(env: Env, browser: WebDriver) -> None:

@@ -18,10 +18,10 @@ import pytest
 
 from processors.files import blob_path, file_url
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
-from tests.gateway_server import GatewayServer, Reply, Tokens
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.gateway_server import Reply, Tokens
+from tests.kafka_stack import wait_until
 from tests.support.files import multipart, pdf, png, zip_bomb
-from tests.support.scripted_llm import ScriptedLLM
+from tests.support.scripted_stack import Served, served_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -30,14 +30,14 @@ USER_LIMIT = 25 * 1024 * 1024
 
 
 class Env:
-    def __init__(self, stack: Stack, gateway: GatewayServer, tokens: Tokens, llm: ScriptedLLM) -> None:
-        self.stack = stack
-        self.gateway = gateway
-        self.llm = llm
-        self.user = tokens.add("user", "/agents/**", userId="u-files")
-        self.narrow = tokens.add("user", "/agents/team-a/*")
-        self.integration = tokens.add("integration", "/agents/**", "/integrations/**")
-        self.blobs = stack.settings.blob_directory
+    def __init__(self, served: Served, user: str, narrow: str, integration: str) -> None:
+        self.stack = served.stack
+        self.gateway = served.gateway
+        self.llm = served.llm
+        self.user = user
+        self.narrow = narrow
+        self.integration = integration
+        self.blobs = served.stack.settings.blob_directory
 
     def upload(
         self, stream: str, filename: str, data: bytes, token: str, claimed: str = "application/octet-stream"
@@ -54,34 +54,29 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("files")
-    with ScriptedLLM(model=MODEL) as llm:
-        stack = Stack(
-            root / "data",
-            openai_base_url=llm.base_url,
-            openai_api_key="sk-test-files-0123456789",
-            llm_transport="openai",
-            llm_model=MODEL,
-            blob_dir=root / "blobs",
-        )
+    tokens = Tokens(root / "tokens.yaml")
+    user = tokens.add("user", "/agents/**", userId="u-files")
+    narrow = tokens.add("user", "/agents/team-a/*")
+    integration = tokens.add("integration", "/agents/**", "/integrations/**")
+    with served_stack(
+        root,
+        tokens,
+        model=MODEL,
+        openai_api_key="sk-test-files-0123456789",
+        llm_transport="openai",
+        blob_dir=root / "blobs",
+    ) as served:
         try:
-            stack.start_worker()
-            stack.start_caller()
-            tokens = Tokens(root / "tokens.yaml")
-            tokens.write()
-            with GatewayServer(stack.settings, tokens.path) as gateway:
-                environment = Env(stack, gateway, tokens, llm)
-                gateway.wait_ready()
-                yield environment
+            yield Env(served, user, narrow, integration)
         finally:
-            caller = stack.caller
+            # A second SIGTERM stops the caller waiting for calls still running.
+            caller = served.stack.caller
             if caller is not None and caller.poll() is None:
                 caller.send_signal(signal.SIGTERM)
                 time.sleep(0.3)
                 if caller.poll() is None:
                     caller.send_signal(signal.SIGTERM)
-            stack.close()
 
 
 def agent_path() -> str:

@@ -29,7 +29,7 @@ from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED, 
 from tests.gateway_server import GatewayServer, Tokens
 from tests.kafka_stack import BIN, Stack
 from tests.support.scripted_llm import Reply
-from tests.support.scripted_stack import MODEL, birth, scripted_stack
+from tests.support.scripted_stack import MODEL, birth, served_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -89,17 +89,13 @@ class Env:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     root = tmp_path_factory.mktemp("mcp")
-    with scripted_stack(root, REPLIES) as stack:
-        tokens = Tokens(root / "tokens.yaml")
-        issued = {
-            "platform": tokens.add("platform", "/**"),
-            "alice": tokens.add("user", "/agents/alice/**", userId="alice"),
-        }
-        stack.start_worker()
-        stack.start_caller()
-        with GatewayServer(stack.settings, tokens.path) as gateway:
-            gateway.wait_ready()
-            yield Env(stack, gateway, tokens, issued, root)
+    tokens = Tokens(root / "tokens.yaml")
+    issued = {
+        "platform": tokens.add("platform", "/**"),
+        "alice": tokens.add("user", "/agents/alice/**", userId="alice"),
+    }
+    with served_stack(root, tokens, REPLIES) as served:
+        yield Env(served.stack, served.gateway, tokens, issued, root)
 
 
 def tag() -> str:

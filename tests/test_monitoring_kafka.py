@@ -26,15 +26,15 @@ import pytest
 from schemas.capabilities import SCRIPT_RUN_SETTLED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.gateway_server import GatewayServer, Tokens
-from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from tests.monitoring import alert_rules, dashboard_queries, exported_series, metric_names
-from tests.support.scripted_llm import Reply, ScriptedLLM
+from tests.support.scripted_llm import Reply
+from tests.support.scripted_stack import SMALL_HOST, served_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, script
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-MODEL = "scripted"
 ROUTER = TaggedReplies()
 
 
@@ -97,54 +97,27 @@ class Running:
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("monitoring")
     ports = {name: free_port() for name in ("journal", "caller", "capabilities", "router")}
-    with ScriptedLLM(model=MODEL, default=ROUTER) as llm:
-        stack = Stack(
-            root / "data",
-            partitions=2,
-            metrics_port=ports["journal"],
-            caller_metrics_port=ports["caller"],
-            openai_base_url=llm.base_url,
-            openai_api_key="test-key",
-            llm_transport="openai-compatible",
-            llm_model=MODEL,
-        )
-        router = None
+    tokens = Tokens(root / "tokens.yaml")
+    user = tokens.add("user", "/agents/**", userId="u-monitoring")
+    with served_stack(
+        root,
+        tokens,
+        ROUTER,
+        partitions=2,
+        metrics_port=ports["journal"],
+        caller_metrics_port=ports["caller"],
+        capabilities={**SMALL_HOST, "metrics_port": ports["capabilities"]},
+        router={"metrics_port": ports["router"]},
+    ) as served:
+        targets = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
+        targets["gateway"] = f"127.0.0.1:{served.gateway.port}"
+        prometheus = Prometheus(root, targets)
         try:
-            stack.start_worker()
-            stack.start_caller()
-            stack.start_capabilities(concurrency=2, max_memory_mb=64, metrics_port=ports["capabilities"])
-            env = {
-                **stack.env(),
-                "AGENTSTREAM_ROUTER_APP_ID": stack.router_app_id,
-                "AGENTSTREAM_ROUTER_METRICS_PORT": str(ports["router"]),
-            }
-            router = subprocess.Popen(
-                [str(BIN / "agentstream"), "worker", "router"],
-                env=env,
-                stdout=(root / "router.log").open("wb"),
-                stderr=subprocess.STDOUT,
-            )
-            tokens = Tokens(root / "tokens.yaml")
-            user = tokens.add("user", "/agents/**", userId="u-monitoring")
-            with GatewayServer(stack.settings, tokens.path) as gateway:
-                gateway.wait_ready()
-                targets = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
-                targets["gateway"] = f"127.0.0.1:{gateway.port}"
-                prometheus = Prometheus(root, targets)
-                try:
-                    yield Running(stack, gateway, user, prometheus)
-                finally:
-                    prometheus.close()
+            yield Running(served.stack, served.gateway, user, prometheus)
         finally:
-            if router is not None:
-                router.terminate()
-                router.wait(30)
-            stack.stop_capabilities()
-            stack.stop_caller()
-            stack.close()
+            prometheus.close()
 
 
 def test_every_dashboard_query_returns_series_and_every_alert_reads_scraped_metrics(running: Running) -> None:

@@ -28,14 +28,14 @@ from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIP
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED, TOKEN_USAGE_REPORTED
 from schemas.routing import AGENT_SUBSCRIBED
 from tests.gateway_server import GatewayServer, Tokens
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from tests.support.jaeger import Jaeger
-from tests.support.scripted_llm import Reply, ScriptedLLM
+from tests.support.scripted_llm import Reply
+from tests.support.scripted_stack import MODEL, SMALL_HOST, served_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, script
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
-MODEL = "scripted"
 ROUTER = TaggedReplies()
 
 
@@ -54,7 +54,7 @@ class TracedStack(Stack):
 
 @dataclass
 class Env:
-    stack: TracedStack
+    stack: Stack  # a TracedStack
     gateway: GatewayServer
     user: str
     platform: str
@@ -63,7 +63,6 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("traces")
     jaeger = Jaeger(root)
     # This process's spans (the gateway's) go to the same Jaeger: the exporter reads os.environ.
@@ -71,31 +70,14 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     os.environ.update({"OTEL_EXPORTER_OTLP_ENDPOINT": jaeger.otlp_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"})
     try:
         assert tracing.configure("gateway")
-        with ScriptedLLM(model=MODEL, default=ROUTER) as llm:
-            TracedStack.otlp_endpoint = jaeger.otlp_endpoint
-            stack = TracedStack(
-                root / "data",
-                partitions=2,
-                openai_base_url=llm.base_url,
-                openai_api_key="test-key",
-                llm_transport="openai-compatible",
-                llm_model=MODEL,
-            )
-            try:
-                stack.start_worker()
-                stack.start_caller()
-                stack.start_capabilities(concurrency=2, max_memory_mb=64)
-                tokens = Tokens(root / "tokens.yaml")
-                user = tokens.add("user", "/agents/**", userId="u-traces")
-                platform = tokens.add("platform", "/**")
-                with GatewayServer(stack.settings, tokens.path) as gateway:
-                    gateway.wait_ready()
-                    yield Env(stack, gateway, user, platform, jaeger)
-            finally:
-                stack.stop_router()
-                stack.stop_capabilities()
-                stack.stop_caller()
-                stack.close()
+        TracedStack.otlp_endpoint = jaeger.otlp_endpoint
+        tokens = Tokens(root / "tokens.yaml")
+        user = tokens.add("user", "/agents/**", userId="u-traces")
+        platform = tokens.add("platform", "/**")
+        with served_stack(
+            root, tokens, ROUTER, stack_type=TracedStack, partitions=2, capabilities=SMALL_HOST
+        ) as served:
+            yield Env(served.stack, served.gateway, user, platform, jaeger)
     finally:
         tracing.stop()
         for name, value in saved.items():
