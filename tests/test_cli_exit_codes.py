@@ -1,14 +1,20 @@
 """How `agentstream` maps what a command raises to its exit code (pipeline/exit_codes.py; docs/usage.md,
-"Exit codes"), without Kafka."""
+"Exit codes"), without Kafka: in-process, and as a process pointed at a port where nothing listens."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from pipeline import cli, exit_codes
 from pipeline.cli import fold_command
+from tests.kafka_stack import BIN
+from tests.support.cli import one_line
+from tests.support.ports import free_port
 
 
 def interrupted_inside_a_c_call(_args: argparse.Namespace) -> int:
@@ -40,3 +46,21 @@ def test_a_system_error_not_caused_by_ctrl_c_is_not_hidden(monkeypatch: pytest.M
     monkeypatch.setattr(fold_command, "run", crashed_in_c)
     with pytest.raises(SystemError, match="real interpreter error"):
         cli.main(["fold"])
+
+
+def test_wrong_bootstrap_server_is_one_line_not_librdkafka_noise(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "AGENTSTREAM_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "AGENTSTREAM_TOPIC_PREFIX": "unreachable-",
+        "AGENTSTREAM_DATA_DIR": str(tmp_path),
+        "AGENTSTREAM_LOG_LEVEL": "WARNING",
+    }
+    result = subprocess.run(
+        [str(BIN / "agentstream"), "agent", "create"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert one_line(result.stderr), result.stderr[-2000:]
+    assert "rdkafka" not in result.stderr and "%3|" not in result.stderr
+    assert "cannot reach Kafka" in result.stderr and "AGENTSTREAM_BOOTSTRAP_SERVERS" in result.stderr
+    assert result.stdout == ""

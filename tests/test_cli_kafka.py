@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -12,6 +11,7 @@ import orjson
 import pytest
 
 from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.support.cli import one_line
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -193,28 +193,6 @@ def test_replay_verify_reports_every_row_no_stream_owns(stack: Stack, tmp_path: 
 
 
 # --- hardening review: CLI rough edges ----------------------------------------------------------------
-
-
-def one_line(stderr: str) -> bool:
-    return stderr.strip() != "" and stderr.strip().count("\n") == 0
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])  # closed again when the block ends: nothing listens there
-
-
-def test_wrong_bootstrap_server_is_one_line_not_librdkafka_noise(stack: Stack) -> None:
-    env = {**stack.env(), "AGENTSTREAM_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"}
-    result = subprocess.run(
-        [str(BIN / "agentstream"), "agent", "create"], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 3, result.stderr[-2000:]
-    assert one_line(result.stderr), result.stderr[-2000:]
-    assert "rdkafka" not in result.stderr and "%3|" not in result.stderr
-    assert "cannot reach Kafka" in result.stderr and "AGENTSTREAM_BOOTSTRAP_SERVERS" in result.stderr
-    assert result.stdout == ""
 
 
 def test_missing_topics_and_replay_errors_exit_3(stack: Stack, tmp_path: Path) -> None:

@@ -12,51 +12,33 @@ overrides the folder) for review.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import pytest
-from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException
-from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from pipeline.client import Agent
 from pipeline.gateway.console.mirror import JournalMirror
 from pipeline.gateway.console.views import journal_page
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
-from tests.gateway_server import GatewayServer, Tokens, request
-from tests.kafka_stack import REPO, Stack, wait_until
+from tests.gateway_server import Tokens
+from tests.kafka_stack import wait_until
+from tests.support.browser import Env, browser, screenshot, sign_in, texts, wait_for
 from tests.support.files import png
 from tests.support.scripted_stack import served_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+__all__ = ["browser"]  # the shared headless-browser fixture, used here
+
 MARKUP = "<script>alert(1)</script>"
-OUTPUT = Path(os.environ.get("AGENTSTREAM_TEST_OUTPUT") or REPO / ".local" / "test-output") / "console"
-
-
-class Env:
-    def __init__(self, stack: Stack, gateway: GatewayServer, user: str, outsider: str) -> None:
-        self.stack = stack
-        self.gateway = gateway
-        self.user = user
-        self.outsider = outsider
-        self.base = f"http://127.0.0.1:{gateway.port}"
-
-    def url(self, route: str, **query: object) -> str:
-        return self.base + route + ("?" + urlencode(query) if query else "")
 
 
 @pytest.fixture(scope="module")
@@ -67,69 +49,6 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     outsider = tokens.add("user", "/agents/team-a/*", name="outsider")
     with served_stack(root, tokens, partitions=2, gateway={"gateway_wait_timeout_s": 90.0}) as served:
         yield Env(served.stack, served.gateway, user, outsider)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[WebDriver]:
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.fail("chromium and chromedriver are missing: run scripts/install.sh", pytrace=False)
-    for stale in OUTPUT.glob("failed.*"):
-        stale.unlink()  # from an earlier failed run: only this run's pictures stay
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="console-chromium-")
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",  # as root, as in CI
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",  # this machine's network is closed: no calls home
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={profile}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def screenshot(driver: WebDriver, name: str) -> None:
-    OUTPUT.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(OUTPUT / f"{name}.png"))
-
-
-def wait_for(driver: WebDriver, condition: object, what: str, timeout: float = 90) -> object:
-    try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(
-            lambda d: condition(d),  # type: ignore[operator]
-            message=f"waiting for {what}",
-        )
-    except TimeoutException:
-        screenshot(driver, "failed")  # what the browser showed, for the failure report
-        (OUTPUT / "failed.html").write_text(driver.page_source)
-        raise
-
-
-def sign_in(driver: WebDriver, env: Env, token: str) -> None:
-    driver.delete_all_cookies()
-    driver.get(env.url("/console/agents"))
-    wait_for(driver, lambda d: d.current_url.endswith("/console/login"), "the sign-in form")
-    driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.ID, "sign-in").click()
-    wait_for(driver, lambda d: d.current_url.endswith("/console/agents"), "the agents page")
-
-
-def texts(driver: WebDriver, css: str) -> list[str]:
-    """Text of every element matching `css`, read in one step (live refreshes replace elements)."""
-    script = "return [...document.querySelectorAll(arguments[0])].map((element) => element.textContent);"
-    return list(driver.execute_script(script, css))
 
 
 def journal_texts(driver: WebDriver) -> list[str]:
@@ -273,46 +192,6 @@ def test_3_3_console_attaches_an_image_and_shows_its_thumbnail(env: Env, browser
     browser.get(env.base + href)
     assert "not uploaded to a stream in its scope" in browser.find_element(By.TAG_NAME, "main").text
     assert link_href.endswith(item.payload.files[0].path.rsplit("/", 1)[-1])
-
-
-def test_console_pages_carry_a_strict_content_security_policy_and_need_a_session(env: Env) -> None:
-    page = request(env.gateway.port, "GET", "/console/login")
-    assert page.status == 200
-    policy = page.headers["content-security-policy"]
-    assert "script-src 'self'" in policy and "default-src 'self'" in policy and "unsafe-inline" not in policy
-    assert b"<script>" not in page.body  # the only script is the static file
-    assert request(env.gateway.port, "GET", "/console/agents").status == 303
-    for path in ("/console/fragment/journal?path=/agents/x", "/console/live?path=/agents/x"):
-        assert request(env.gateway.port, "GET", path).status == 401, path
-    refused = request(env.gateway.port, "POST", "/console/agent/say", raw=b"path=/agents/x&content=hi")
-    assert refused.status == 401
-    wrong = request(
-        env.gateway.port,
-        "POST",
-        "/console/login",
-        raw=b"token=not-a-token",
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-    )
-    assert wrong.status == 401 and "set-cookie" not in wrong.headers
-    good = request(
-        env.gateway.port,
-        "POST",
-        "/console/login",
-        raw=urlencode({"token": env.user}).encode(),
-        headers={"Content-Type": "application/x-www-form-urlencoded"},
-    )
-    cookie = good.headers["set-cookie"]
-    assert good.status == 303 and "HttpOnly" in cookie and "SameSite=strict" in cookie and env.user not in cookie
-    session = cookie.split(";", 1)[0]
-    # A post without the session's CSRF token is refused, even with the cookie.
-    forged = request(
-        env.gateway.port,
-        "POST",
-        "/console/agent/say",
-        raw=b"path=/agents/x&content=hi",
-        headers={"Cookie": session, "Content-Type": "application/x-www-form-urlencoded", "X-Console-Fetch": "1"},
-    )
-    assert forged.status == 403 and b"CSRF" in forged.body
 
 
 def test_console_reads_old_journal_pages_back_from_kafka_by_offset(env: Env) -> None:

@@ -19,14 +19,14 @@ from schemas.capabilities import SCRIPT_RUN_SETTLED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, LLM_REQUEST_SETTLED
 from tests.gateway_server import Tokens
 from tests.kafka_stack import wait_until
+from tests.support.browser import Env, browser, screenshot, sign_in, texts, wait_for
 from tests.support.scripted_llm import Reply
 from tests.support.scripted_stack import SMALL_HOST, served_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, script
-from tests.test_console_browser import Env, browser, screenshot, sign_in, texts, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
-__all__ = ["browser"]  # the shared headless-browser fixture
+__all__ = ["browser"]  # the shared headless-browser fixture, used here
 
 ROUTER = TaggedReplies()
 

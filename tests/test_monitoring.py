@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.monitoring import (
+from tests.support.helm import by_kind, helm, render
+from tests.support.monitoring import (
     ALERT_TESTS,
     ALERTS,
     ROOT,
@@ -26,7 +27,6 @@ from tests.monitoring import (
     exported_series,
     metric_names,
 )
-from tests.test_helm import by_kind, helm, render
 
 __all__ = ["helm"]  # the chart tests' helm fixture
 

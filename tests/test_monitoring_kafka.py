@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -27,7 +26,8 @@ from schemas.capabilities import SCRIPT_RUN_SETTLED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
 from tests.gateway_server import GatewayServer, Tokens
 from tests.kafka_stack import Stack, wait_until
-from tests.monitoring import alert_rules, dashboard_queries, exported_series, metric_names
+from tests.support.monitoring import alert_rules, dashboard_queries, exported_series, metric_names
+from tests.support.ports import free_port
 from tests.support.scripted_llm import Reply
 from tests.support.scripted_stack import SMALL_HOST, served_stack
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, script
@@ -36,12 +36,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(420)]
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 ROUTER = TaggedReplies()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Prometheus:

@@ -33,49 +33,11 @@ from schemas.events import (
     STREAM_ERROR_OCCURRED,
     TOKEN_USAGE_REPORTED,
 )
+from tests.support.engine_harness import NAMES, PATH, SYSTEM, EngineHarness, user
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from topics.headers import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC, SCHEDULER
-from topics.names import topic_names
 
-NAMES = topic_names("t-")
-PATH = "/agents/a"
 POSITIONS = (rows.POSITION + rows.SEP, rows.COMMAND_POSITIONS + rows.SEP)
-
-
-class Harness:
-    def __init__(self, engine_class: type[PartitionEngine] = PartitionEngine) -> None:
-        self.kafka = FakeTransactions()
-        self.table = DictStore()
-        self.fatal: list[BaseException] = []
-        self.dropped: list[int] = []
-        self.engine = engine_class(
-            0,
-            self.table,
-            NAMES,
-            self.kafka,
-            max_cached_streams=100,
-            fatal=self.fatal.append,
-            on_fenced=lambda engine, _error: self.dropped.append(engine.partition),
-        )
-        self.offsets = {False: 0, True: 0}
-
-    def command(self, body: dict[str, Any], *, internal: bool = False, offset: int | None = None) -> CommandRecord:
-        if offset is None:
-            offset = self.offsets[internal]
-            self.offsets[internal] += 1
-        value = orjson.dumps({"streamPath": PATH, **body})
-        return CommandRecord(partition=0, offset=offset, key=PATH.encode(), value=value, headers={}, internal=internal)
-
-    async def handle(self, *commands: CommandRecord) -> None:
-        await self.engine.handle_batch(commands)
-
-    async def settle(self) -> None:
-        """Commit everything decided so far."""
-        await self.engine.checkpoints.flush()
-
-
-def user(text: str, **extra: Any) -> dict[str, Any]:
-    return {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": text}, **extra}
 
 
 def run(coroutine: Any) -> Any:
@@ -84,7 +46,7 @@ def run(coroutine: Any) -> Any:
 
 def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         h.engine.checkpoints.open.put(b"x", b"y")  # the test decides when the committer runs: nothing is pending
         await h.engine.checkpoints.flush()
         commit = asyncio.Event()
@@ -115,7 +77,7 @@ def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() ->
 
 def test_5_2_a_checkpoint_is_one_transaction_journal_first_then_follow_ups_then_rows_positions_last() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(user("one", appendId="x1")), h.command(user("two", appendId="x2")))
         await h.settle()
         assert h.kafka.transactions == 1
@@ -136,7 +98,7 @@ def test_5_2_a_checkpoint_is_one_transaction_journal_first_then_follow_ups_then_
 
 def test_5_2_the_command_positions_are_committed_with_the_commands_rows() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(user("one")), h.command(user("two")), h.command(user("in"), internal=True))
         await h.settle()
         assert h.engine.checkpoints.positions.done == {False: 1, True: 0}
@@ -154,13 +116,13 @@ def test_5_2_the_journal_position_stored_never_passes_the_rows_it_covers() -> No
     """`p` is a journal offset whose rows are stored: the last one acknowledged before the rows."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         for text in ("one", "two", "three"):
             await h.handle(h.command(user(text)))
             await h.settle()
             position = h.table.stored.get(rows.position_key(0))
             if position is not None:
-                cursor = orjson.loads(h.table.stored[rows.meta_key(PATH)])["cursor"]
+                cursor = row_codec.decode_meta_row(h.table.stored[rows.meta_key(PATH)]).cursor
                 assert row_codec.decode_offset(position) <= cursor - 1  # journal offsets count from 0
         assert row_codec.decode_offset(h.table.stored[rows.position_key(0)]) == 1
 
@@ -170,7 +132,7 @@ def test_5_2_the_journal_position_stored_never_passes_the_rows_it_covers() -> No
 @pytest.mark.parametrize("step", ["begin", "send", "barrier", "commit"])
 def test_5_2_a_fenced_partition_is_dropped_at_once_and_writes_nothing(step: str) -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(user("zero")))
         await h.settle()
         stored = dict(h.table.stored)
@@ -193,7 +155,7 @@ def test_5_2_a_fenced_partition_is_dropped_at_once_and_writes_nothing(step: str)
 @pytest.mark.parametrize("step", ["begin", "send", "barrier", "commit"])
 def test_5_2_any_other_failure_is_fatal_and_leaves_the_store_and_positions_untouched(step: str) -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(user("zero")))
         await h.settle()
         stored = dict(h.table.stored)
@@ -222,7 +184,7 @@ def test_a_checkpoint_is_used_once() -> None:
 
 def test_the_next_batch_is_decided_while_a_checkpoint_commits() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         release = asyncio.Event()
         real_commit = h.kafka.commit
 
@@ -246,7 +208,7 @@ def test_the_next_batch_is_decided_while_a_checkpoint_commits() -> None:
 
 def test_a_revoked_partition_decides_nothing_more() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         h.engine.active = False
         await h.handle(h.command(user("late")))
         await h.settle()
@@ -257,7 +219,7 @@ def test_a_revoked_partition_decides_nothing_more() -> None:
 
 def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_twice() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         first = h.command(user("one", appendId="x1"))
         await h.handle(first)
         await h.settle()
@@ -291,7 +253,7 @@ def test_nothing_a_command_holds_stops_the_partition() -> None:
     continues the stream's offsets as if the failed one had never been."""
 
     async def scenario() -> None:
-        h = Harness(Exploding)
+        h = EngineHarness(Exploding)
         await h.handle(h.command(user("ok1")), h.command(user("boom", appendId="x2")), h.command(user("ok2")))
         await h.settle()
         journal = [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal)]
@@ -314,7 +276,7 @@ def test_5_1_4_a_failure_after_earlier_events_of_the_stream_in_the_same_checkpoi
     stored equal what re-folding the journal writes."""
 
     async def scenario() -> None:
-        h = Harness(Exploding)
+        h = EngineHarness(Exploding)
         await h.handle(h.command(SYSTEM), h.command(user("hello")))
         await h.settle()
         # One checkpoint: two good events, the failure, another good one.
@@ -343,7 +305,7 @@ def test_5_1_4_a_failure_after_earlier_events_of_the_stream_in_the_same_checkpoi
 
 def test_worker_only_events_are_refused_on_the_public_topic_and_taken_from_the_internal_one() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         settled = {
             "type": LLM_REQUEST_SETTLED,
             "payload": {"requestOffset": 1, "result": {"status": "failed", "errorMessage": "x"}},
@@ -363,7 +325,7 @@ def test_source_offsets_are_per_command_topic() -> None:
     """Offset 0 of the internal topic is not offset 0 of agent-appends: both are journaled."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(user("public"), offset=0), h.command(user("internal"), internal=True, offset=0))
         await h.settle()
         assert [orjson.loads(r.value)["offset"] for r in h.kafka.on(NAMES.journal)] == [1, 2]
@@ -371,16 +333,13 @@ def test_source_offsets_are_per_command_topic() -> None:
     run(scenario())
 
 
-def restarted(h: Harness) -> PartitionEngine:
+def restarted(h: EngineHarness) -> PartitionEngine:
     """A new engine on the same stored rows: what a restarted worker holds (nothing in memory)."""
     return PartitionEngine(0, h.table, NAMES, h.kafka, max_cached_streams=100, fatal=h.fatal.append)
 
 
-def llm_requests(h: Harness) -> list[dict[str, Any]]:
+def llm_requests(h: EngineHarness) -> list[dict[str, Any]]:
     return [orjson.loads(r.value) for r in h.kafka.on(NAMES.llm_requests)]
-
-
-SYSTEM = {"type": CONTEXT_ADDED, "payload": {"role": "system", "content": "be brief", "key": "agent/system-prompt"}}
 
 
 def request(idempotency_key: str, model: str = "m") -> dict[str, Any]:
@@ -394,7 +353,7 @@ def test_recovery_publishes_an_open_requests_call_record_again_exactly() -> None
     journaled after it left out), byte for byte, from the stored rows alone."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command(user("hello")))
         await h.handle(h.command(request("r/2"), internal=True))
         await h.settle()
@@ -415,7 +374,7 @@ def test_recovery_publishes_an_open_requests_call_record_again_exactly() -> None
 
 def test_a_journaled_settlement_notifies_the_caller_and_recovery_publishes_nothing_more() -> None:
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command(user("hello")))
         await h.handle(h.command(request("r/2"), internal=True))
         settled = {"requestOffset": 3, "result": {"status": "succeeded", "text": "hi"}}
@@ -434,7 +393,7 @@ def test_recovery_publishes_the_cancel_of_an_interrupted_open_request_after_its_
     that never ran R settles it cancelled at once, and one that runs it aborts it."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command(user("hello")))
         await h.handle(h.command(request("r/2"), internal=True))
         interrupt = user("stop", llmRequestPolicy={"behaviour": "interrupt-current-request"})
@@ -460,7 +419,7 @@ def test_recovery_publishes_a_pending_compaction_with_the_messages_of_its_reques
     rows, and the compaction goes out (formerly it was skipped with a warning)."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command(user("hello")))
         await h.handle(h.command(request("r/3"), internal=True))
         await h.settle()
@@ -493,7 +452,7 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
     assert settings.render_budget_for("other").history_cap == 4 * settings.llm_default_context_tokens
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         h.engine.follow_ups.render_budget = settings.render_budget_for
         system = {"role": "system", "content": "be brief", "key": "agent/system-prompt"}
         await h.handle(h.command({"type": CONTEXT_ADDED, "payload": system}), h.command(user("x" * 50_000)))
@@ -530,7 +489,7 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
     SIGKILL storm of tests/test_kill.py: receipts and item rows lost)."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         h.table = table = BurstRows()
         h.engine = PartitionEngine(0, table, NAMES, h.kafka, max_cached_streams=100, fatal=h.fatal.append)
         other = "/agents/b"
@@ -588,7 +547,7 @@ def test_4_2_a_due_request_is_journaled_at_once_and_its_call_record_follows() ->
     stream's source offsets; the call record goes out once the journal acknowledges it."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
         await h.handle(h.command(user("hello")))
         await h.settle()
@@ -613,7 +572,7 @@ def test_4_3_an_expiry_goes_behind_the_commands_already_produced() -> None:
     wins."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}), h.command(user("hi")))
         await h.handle(h.command(request("r/1"), internal=True))
         await h.settle()
@@ -633,7 +592,7 @@ def test_recovery_refolds_scheduled_events_to_the_live_rows() -> None:
     no source offset is advanced by them."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
         await h.handle(h.command(user("hello")))
         await h.settle()
@@ -666,7 +625,7 @@ def script_settled(execution: str) -> dict[str, Any]:
     return {"type": SCRIPT_RUN_SETTLED, "payload": payload, "idempotencyKey": f"host/settled@{execution}"}
 
 
-async def run_a_script(h: Harness) -> None:
+async def run_a_script(h: EngineHarness) -> None:
     """§6: R answered with one python block -> run requested -> run settled -> result item."""
     await h.handle(h.command(SYSTEM), h.command(user("hello")))
     await h.handle(h.command(request("r/2"), internal=True))
@@ -693,7 +652,7 @@ def test_6_catch_up_publishes_again_the_script_commands_a_dead_worker_never_sent
     feedback, a settled run's result): repeats are duplicates by idempotency key, and none is lost."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await run_a_script(h)
         await h.handle(h.command(script_settled("agent-output:4"), internal=True))
         await h.handle(h.command(user("and now?")))
@@ -729,7 +688,7 @@ def test_6_an_unsettled_script_run_is_listed_for_its_record_to_go_out_again() ->
     timeout) so its `script-runs` record goes out again; a settled run is not."""
 
     async def scenario() -> None:
-        h = Harness()
+        h = EngineHarness()
         await run_a_script(h)
         (record,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.script_runs)]
         runs = Recovery(restarted(h)).unsettled_script_runs()

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from pipeline.capabilities.config import ENV_PREFIX as HOST_PREFIX
 from pipeline.capabilities.config import HostConfig
 from pipeline.settings import ENV_PREFIX, REPO_ROOT, Settings
+from tests.support.monitoring import exported_metrics
 
 README = (REPO_ROOT / "README.md").read_text()
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
@@ -71,24 +72,8 @@ def test_no_row_names_a_setting_that_does_not_exist() -> None:
         assert name in known or variable in scripts, f"docs/reference.md names an unknown setting: {row}"
 
 
-def _metrics() -> dict[str, Any]:
-    from prometheus_client.metrics import MetricWrapperBase
-
-    from pipeline import metrics, router
-    from pipeline.gateway import metrics as gateway_metrics
-
-    found = {}
-    for module in (metrics, gateway_metrics, router):
-        for value in vars(module).values():
-            if isinstance(value, MetricWrapperBase):
-                family = value.describe()[0]
-                name = family.name + ("_total" if family.type == "counter" else "")
-                found[name] = (family.type, value._labelnames)
-    return found
-
-
 def test_every_metric_has_its_row() -> None:
-    metrics = _metrics()
+    metrics = exported_metrics()
     assert len(metrics) > 20
     rows = {row.split(" | ")[0].removeprefix("| `").removesuffix("`"): row for row in _table_rows("| `agentstream_")}
     for name, (kind, labels) in metrics.items():
@@ -189,5 +174,5 @@ if __name__ == "__main__":
     print("\n| variable | default | meaning |\n|---|---|---|")
     print("\n".join(config_rows(HostConfig, HOST_PREFIX)))
     print()
-    for name, (kind, labels) in _metrics().items():
+    for name, (kind, labels) in exported_metrics().items():
         print(f"| `{name}` | {kind} | {', '.join(labels) or '-'} |")

@@ -11,7 +11,7 @@ from pipeline import metrics
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
 from schemas.events import AGENT_PAUSED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED
-from tests.test_partition_engine import Harness
+from tests.support.engine_harness import EngineHarness
 
 
 def gauges() -> tuple[float | None, float | None]:
@@ -22,7 +22,7 @@ def gauges() -> tuple[float | None, float | None]:
 
 
 async def a_partition_with_an_open_request_and_a_pause() -> PartitionEngine:
-    h = Harness()
+    h = EngineHarness()
     await h.handle(
         h.command({"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "hi"}}),
         h.command(

@@ -16,7 +16,7 @@ import orjson
 
 from processors.reducer import epoch_ms
 from schemas import events as ev
-from tests.test_partition_engine import NAMES, SYSTEM, Harness, user
+from tests.support.engine_harness import NAMES, SYSTEM, EngineHarness, user
 
 START_MS = 1_800_000_000_000
 LATER_MS = 10**9  # much later than any debounce, backoff or expiry of these tests (about 11 days)
@@ -27,7 +27,7 @@ class Turns:
 
     def __init__(self) -> None:
         self.now_ms = START_MS
-        self.h = Harness()
+        self.h = EngineHarness()
         self.h.engine.clock_ms = lambda: self.now_ms
 
     async def append(self, *bodies: dict[str, Any], internal: bool = False) -> None:

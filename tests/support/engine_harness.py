@@ -15,30 +15,47 @@ import orjson
 
 from pipeline.journal.decisions import CommandRecord
 from pipeline.journal.engine import PartitionEngine
+from schemas.events import CONTEXT_ADDED
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from topics.names import topic_names
 
 NAMES = topic_names("t-")
 PATH = "/agents/a"
+SYSTEM = {"type": CONTEXT_ADDED, "payload": {"role": "system", "content": "be brief", "key": "agent/system-prompt"}}
+
+
+def user(text: str, **extra: Any) -> dict[str, Any]:
+    return {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": text}, **extra}
 
 
 class EngineHarness:
-    def __init__(self, **engine_options: Any) -> None:
+    """`engine_class` on partition 0; a fenced partition is recorded in `dropped`, any other
+    failure in `fatal`."""
+
+    def __init__(self, engine_class: type[PartitionEngine] = PartitionEngine, **engine_options: Any) -> None:
         self.kafka = FakeTransactions()
         self.table = DictStore()
         self.fatal: list[BaseException] = []
-        self.engine = PartitionEngine(
+        self.dropped: list[int] = []
+        engine_options.setdefault("on_fenced", lambda engine, _error: self.dropped.append(engine.partition))
+        self.engine = engine_class(
             0, self.table, NAMES, self.kafka, max_cached_streams=100, fatal=self.fatal.append, **engine_options
         )
         self.offsets = {False: 0, True: 0}
 
-    def command(self, body: dict[str, Any], *, internal: bool = False, path: str = PATH) -> CommandRecord:
-        """A command record of `path` (the record key and the command's streamPath)."""
-        return self.raw(orjson.dumps({"streamPath": path, **body}), internal=internal, path=path)
+    def command(
+        self, body: dict[str, Any], *, internal: bool = False, path: str = PATH, offset: int | None = None
+    ) -> CommandRecord:
+        """A command record of `path` (the record key and the command's streamPath), at the next
+        offset of its topic unless `offset` says."""
+        return self.raw(orjson.dumps({"streamPath": path, **body}), internal=internal, path=path, offset=offset)
 
-    def raw(self, value: bytes, *, internal: bool = False, path: str = PATH) -> CommandRecord:
-        offset = self.offsets[internal]
-        self.offsets[internal] += 1
+    def raw(
+        self, value: bytes, *, internal: bool = False, path: str = PATH, offset: int | None = None
+    ) -> CommandRecord:
+        if offset is None:
+            offset = self.offsets[internal]
+            self.offsets[internal] += 1
         return CommandRecord(partition=0, offset=offset, key=path.encode(), value=value, headers={}, internal=internal)
 
     async def handle(self, *commands: CommandRecord) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 MONITORING = ROOT / "helm" / "agentstream" / "monitoring"
 DASHBOARD = MONITORING / "dashboard.json"
 ALERTS = MONITORING / "alerts.yaml"
@@ -43,12 +43,28 @@ def metric_names(expr: str) -> set[str]:
     return set(_METRIC.findall(expr))
 
 
+def exported_metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name (a counter's with `_total`) -> (type, label names) of every metric the project's
+    processes define (docs/reference.md, "Metrics")."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from pipeline import metrics, router
+    from pipeline.gateway import metrics as gateway_metrics
+
+    found = {}
+    for module in (metrics, gateway_metrics, router):
+        for value in vars(module).values():
+            if isinstance(value, MetricWrapperBase):
+                family = value.describe()[0]
+                name = family.name + ("_total" if family.type == "counter" else "")
+                found[name] = (family.type, value._labelnames)
+    return found
+
+
 def exported_series() -> set[str]:
     """Every series name the project's processes export (docs/reference.md, "Metrics")."""
-    from tests.test_reference_docs import _metrics
-
     names = set()
-    for name, (kind, _) in _metrics().items():
+    for name, (kind, _) in exported_metrics().items():
         base = name.removesuffix("_total")
         names.update(base + suffix for suffix in _SUFFIXES[kind])
     return names
