@@ -31,11 +31,6 @@ KAFKA_DATA="$KAFKA_HOME/data"
 KAFKA_LOGS="$KAFKA_HOME/logs"
 KAFKA_PID_FILE="$KAFKA_HOME/kafka.pid"
 
-kafka_jars_present() {
-  [[ -f "$KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar" && -f "$KAFKA_LIBS/kafka-clients-$KAFKA_VERSION.jar" \
-     && -f "$KAFKA_LIBS/.complete" ]]
-}
-
 # Prints the pid if the broker recorded in the pid file is alive (and is a java process), else fails.
 kafka_running_pid() {
   [[ -f "$KAFKA_PID_FILE" ]] || return 1
