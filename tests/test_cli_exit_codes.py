@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import cli, exit_codes
-from pipeline.cli import fold_command
+from pipeline.cli import fold_verb
 from tests.kafka_stack import BIN
 from tests.support.cli import one_line
 from tests.support.ports import free_port
@@ -30,7 +30,7 @@ def crashed_in_c(_args: argparse.Namespace) -> int:
 
 
 def test_ctrl_c_is_130_even_when_cpython_wraps_it_in_a_system_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fold_command, "run", interrupted_inside_a_c_call)
+    monkeypatch.setattr(fold_verb, "run", interrupted_inside_a_c_call)
     assert cli.main(["fold"]) == exit_codes.INTERRUPTED
 
 
@@ -38,12 +38,12 @@ def test_a_plain_ctrl_c_is_130(monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupted(_args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(fold_command, "run", interrupted)
+    monkeypatch.setattr(fold_verb, "run", interrupted)
     assert cli.main(["fold"]) == exit_codes.INTERRUPTED
 
 
 def test_a_system_error_not_caused_by_ctrl_c_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fold_command, "run", crashed_in_c)
+    monkeypatch.setattr(fold_verb, "run", crashed_in_c)
     with pytest.raises(SystemError, match="real interpreter error"):
         cli.main(["fold"])
 

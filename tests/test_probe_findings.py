@@ -12,7 +12,7 @@ import logging
 import orjson
 import pytest
 
-from pipeline.cli import agent_command, fold_command
+from pipeline.cli import agent_verb, fold_verb
 from pipeline.logs import RepeatedKafkaFailureFilter, limit_repeated_kafka_failures
 from pipeline.terminal import escape_controls, escape_json_controls
 from schemas.events import CONTEXT_ADDED, decode_event
@@ -65,11 +65,11 @@ def test_tail_lines_escape_content_payloads_and_invalid_payload_reasons_with_and
     other = _event("example.com/custom/noted", {"note": HOSTILE})
     for colour in (False, True):
         for event in (context, other):
-            line = agent_command.event_line(event, colour)
+            line = agent_verb.event_line(event, colour)
             body = line.removeprefix("\x1b[32m").removeprefix("\x1b[90m").removesuffix("\x1b[0m")
             assert not OBEYED & set(body), repr(line)
             assert "\\u202e" in body
-    assert agent_command.event_line(context).endswith("user: " + escape_controls(HOSTILE))
+    assert agent_verb.event_line(context).endswith("user: " + escape_controls(HOSTILE))
 
 
 def test_fold_prints_json_without_raw_controls_and_warns_visibly() -> None:
@@ -83,7 +83,7 @@ def test_fold_prints_json_without_raw_controls_and_warns_visibly() -> None:
         }
     )
     warnings = io.StringIO()
-    fold_command.fold_lines(io.BytesIO(line + b"\n"), None, warnings)
+    fold_verb.fold_lines(io.BytesIO(line + b"\n"), None, warnings)
     assert warnings.getvalue() and not (OBEYED - {"\n"}) & set(warnings.getvalue())
 
 

@@ -14,7 +14,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.cli.fold_command import fold_lines
+from pipeline.cli.fold_verb import fold_lines
 from processors.files import TRANSPORT_INPUTS, render_files
 from processors.reducer import fold
 from processors.render import (

@@ -1,4 +1,4 @@
-"""The `agentstream` command line: one entry point, `--help` on every command.
+"""The `agentstream` command line: one entry point, `--help` on every verb.
 
 Exit codes: 0 success, 1 a check found differences (`replay --verify`; the demo's turn did not
 succeed), 2 bad input or configuration, 3 Kafka unreachable or misconfigured (missing topics, a
@@ -17,7 +17,7 @@ from confluent_kafka import KafkaException
 from pydantic import ValidationError
 
 from pipeline import exit_codes, tracing
-from pipeline.cli import agent_command, fold_command, replay_command
+from pipeline.cli import agent_verb, fold_verb, replay_verb
 from pipeline.client import AppendError, AppendRejected
 from pipeline.dev import demo, local_stack
 from pipeline.gateway import cli as gateway_cli
@@ -72,16 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Durable, replayable LLM agent memory on Apache Kafka. "
         "Settings come from AGENTSTREAM_* environment variables (see docs/reference.md).",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    fold_command.register(commands)
-    replay_command.register(commands)
-    demo.register(commands)
-    local_stack.register(commands)
-    agent_command.register(commands)
-    gateway_cli.register(commands)
-    mcp_stdio.register(commands)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+    fold_verb.register(verbs)
+    replay_verb.register(verbs)
+    demo.register(verbs)
+    local_stack.register(verbs)
+    agent_verb.register(verbs)
+    gateway_cli.register(verbs)
+    mcp_stdio.register(verbs)
 
-    worker = commands.add_parser("worker", help="run a worker in the foreground")
+    worker = verbs.add_parser("worker", help="run a worker in the foreground")
     worker.add_argument(
         "kind",
         choices=["journal", "caller", "router", "capabilities"],
@@ -91,9 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(run=_worker)
 
-    topics = commands.add_parser("topics", help="create and verify the topic set")
-    topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
-    ensure = topic_commands.add_parser("ensure", help="create missing topics; verify existing ones")
+    topics = verbs.add_parser("topics", help="create and verify the topic set")
+    topic_verbs = topics.add_subparsers(dest="topics_verb", required=True, metavar="ACTION")
+    ensure = topic_verbs.add_parser("ensure", help="create missing topics; verify existing ones")
     ensure.set_defaults(run=_topics_ensure)
     return parser
 

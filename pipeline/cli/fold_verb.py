@@ -17,8 +17,8 @@ from schemas.events import LLM_REQUEST_REQUESTED, EnvelopeError, InvalidPayloadE
 from schemas.requests import TRANSPORTS
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
+def register(verbs: Any) -> None:
+    parser = verbs.add_parser(
         "fold",
         help="fold journal events (JSON Lines) into the projection and the request messages",
         description=(

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import exit_codes
-from pipeline.cli.agent_command import check_path
+from pipeline.cli.agent_verb import check_path
 from pipeline.journal import replay as replaying
 from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import default_out_dir, live_store_paths, prepare_out_dir
@@ -17,8 +17,8 @@ from topics.admin import require_topics
 from topics.names import topic_names
 
 
-def register(commands: Any) -> None:
-    parser = commands.add_parser(
+def register(verbs: Any) -> None:
+    parser = verbs.add_parser(
         "replay",
         help="rebuild projections from agent-journal into a fresh store (and verify the live one)",
         description=replaying.__doc__,

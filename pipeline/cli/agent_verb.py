@@ -165,9 +165,9 @@ def _request(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: Any) -> None:
-    agent = commands.add_parser("agent", help="create agents, talk to them, inspect what they saw")
-    actions = agent.add_subparsers(dest="agent_command", required=True, metavar="ACTION")
+def register(verbs: Any) -> None:
+    agent = verbs.add_parser("agent", help="create agents, talk to them, inspect what they saw")
+    actions = agent.add_subparsers(dest="agent_verb", required=True, metavar="ACTION")
 
     create = actions.add_parser("create", help="create an agent (agent/created + base policy); prints its path")
     create.set_defaults(run=_create)
