@@ -551,7 +551,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     M(
         "D2",
         "processors/dedupe.py",
-        "changed.append((rows.append_id_key(path, forgotten.decode()), None))",
+        "changed.append((rows.append_id_key(path, row_codec.decode_append_slot(forgotten)), None))",
         "pass",
         "append ids older than the window are never forgotten",
     ),
@@ -679,6 +679,49 @@ MUTATIONS: tuple[Mutation, ...] = (
         '"sourceOffset": sources.appends,',
         '"sourceOffset": sources.internal,',
         "the two command topics' positions swapped in the metadata row",
+    ),
+    # The upcast chain (docs/operations.md, "Row format").
+    M(
+        "C3",
+        "processors/row_codec.py",
+        "version += 1",
+        "version += 2",
+        "the upcast chain skips a step",
+    ),
+    M(
+        "C4",
+        "processors/row_codec.py",
+        "while version < ROW_FORMAT:",
+        "while version <= ROW_FORMAT:",
+        "the upcast chain runs one step past the newest format",
+    ),
+    M(
+        "C5",
+        "processors/row_codec.py",
+        "if version > ROW_FORMAT:",
+        "if version >= ROW_FORMAT:",
+        "a row of the newest format is refused as too new",
+    ),
+    M(
+        "C6",
+        "processors/row_codec.py",
+        "body = UPCASTS[version](shape, body)",
+        "body = UPCASTS[min(version + 1, ROW_FORMAT - 1)](shape, body)",
+        "each step upcasts from the next format on",
+    ),
+    M(
+        "C7",
+        "processors/row_codec.py",
+        "return upcast(shape, version, value if version == 1 else value[2:])",
+        "return upcast(shape, version, value[2:])",
+        "a format-1 row (no marker) loses its first two bytes",
+    ),
+    M(
+        "C8",
+        "processors/row_codec.py",
+        "if 1 <= stored <= ROW_FORMAT:",
+        "if 1 <= stored:",
+        "a partition of a newer row format is opened (a downgrade)",
     ),
     M(
         "ST1",

@@ -51,7 +51,7 @@ def dedupe_rows(
         slot = rows.append_slot_key(path, offset % window)
         forgotten = read(slot)
         if forgotten is not None:
-            changed.append((rows.append_id_key(path, forgotten.decode()), None))
+            changed.append((rows.append_id_key(path, row_codec.decode_append_slot(forgotten)), None))
         changed.append((rows.append_id_key(path, append_id), row_codec.encode_offset(offset)))
-        changed.append((slot, append_id.encode()))
+        changed.append((slot, row_codec.encode_append_slot(append_id)))
     return changed

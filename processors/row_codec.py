@@ -1,21 +1,27 @@
-"""The row codec: the bytes of every stored row value, and the row format version.
+"""The row codec: the bytes of every stored row value, the row format version, and the upcasts
+that read rows of older formats.
 
 Each row's wire shape is a pydantic model below; its field aliases (camelCase) are the stored
 names, so renaming a Python attribute of the state never changes the stored format. Encoding is
 on the hot path (a metadata row per journaled event), so it builds plain dicts keyed by those
 aliases and dumps them with orjson; decoding validates through the models.
 
-`ROW_FORMAT` names this encoding. Every partition's store holds it in its format row
-(`processors.rows.format_key`); a worker that finds another version stops with `RowFormatError`
-rather than misreading rows. Stores written before the format row existed hold format 1 exactly.
-Change `ROW_FORMAT` with any incompatible change here (docs/operations.md, "Row format").
+`ROW_FORMAT` names this encoding (docs/operations.md, "Row format"). Every row value but the
+format row starts with a marker naming the format it was written in (`MARK`, then the version in
+one byte); values without it are format 1, written before the marker existed. Decoding reads that
+version and upcasts the row step by step (`UPCASTS`) to this format's shape before validating it,
+so a store of older rows keeps working and each row is rewritten in this format when an event
+touches it. Each partition's format row (`processors.rows.format_key`) names the newest format
+its rows were written in; a worker that finds a newer one stops with `RowFormatError` (a
+downgrade is not supported). A change to any row's shape raises `ROW_FORMAT` and adds the one
+upcast from the previous format.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
-from typing import Annotated, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,11 +44,26 @@ from processors.state import (
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
 
-ROW_FORMAT = 1
+ROW_FORMAT = 2
+
+# Every row value but the format row's starts with MARK and its format version, one byte each.
+# No format-1 value starts with MARK: format 1 wrote UTF-8 only (JSON, decimal text, append ids),
+# and 0xFF never occurs in UTF-8. So a value without it is format 1.
+MARK = 0xFF
+_CURRENT = bytes((MARK, ROW_FORMAT))  # the marker this version writes
+_CURRENT_TEXT = _CURRENT.decode("latin-1")  # the same bytes, for rows built as ASCII text
 
 
 class RowFormatError(RuntimeError):
     """The store holds rows of a format this version cannot read: a restart will not help."""
+
+
+# What an operator can do about rows of a newer format (docs/operations.md, "Row format").
+_REMEDY = (
+    "Rows are never downgraded: run that version (or a newer one), or rebuild the rows from agent-journal with "
+    "this version as docs/operations.md ('Row format') describes (`agentstream replay --verify` checks the "
+    "rebuilt rows)"
+)
 
 
 class _Row(BaseModel):
@@ -151,26 +172,83 @@ def _wire(row: type[_Row], /, **fields: Any) -> dict[str, Any]:
     return {names[name]: value for name, value in fields.items()}
 
 
-# --- format --------------------------------------------------------------------------------------
+# --- format and upcasts --------------------------------------------------------------------------
+
+# A row value's shape, named for its decoder: the upcasts of a new format are per shape (`a` and
+# `p` rows share the offset shape).
+Shape = Literal["meta", "cell", "idempotency", "offset", "slot", "positions"]
+Upcast = Callable[[Shape, bytes], bytes]
+
+
+def upcast_v1_to_v2(shape: Shape, body: bytes) -> bytes:
+    """Format 2 added only the version marker: every format-1 shape is format 2's."""
+    return body
+
+
+# UPCASTS[n] takes a row body (its value without the marker) from format n to format n + 1.
+UPCASTS: dict[int, Upcast] = {1: upcast_v1_to_v2}
+
+
+def upcast(shape: Shape, version: int, body: bytes) -> bytes:
+    """`body`, written in format `version`, in this format's shape: every step from `version` on."""
+    if version > ROW_FORMAT:
+        article = "an" if shape[0] in "aeiou" else "a"
+        raise RowFormatError(
+            f"{article} {shape} row is in row format {version}, newer than format {ROW_FORMAT} that this agentstream "
+            "reads: a newer version wrote it. " + _REMEDY
+        )
+    while version < ROW_FORMAT:
+        body = UPCASTS[version](shape, body)
+        version += 1
+    return body
+
+
+def row_version(value: bytes) -> int:
+    """The format a row value was written in (no marker: format 1)."""
+    if value[:1] != _CURRENT[:1]:
+        return 1
+    if len(value) < 2 or value[1] < 2:  # format 1 had no marker
+        raise ValueError(f"row value {value[:8]!r} has a format marker but no format version after it")
+    return value[1]
+
+
+def _body(shape: Shape, value: bytes) -> bytes:
+    """A stored row value as this version writes it, without its marker."""
+    if value[:2] == _CURRENT:
+        return value[2:]
+    version = row_version(value)
+    return upcast(shape, version, value if version == 1 else value[2:])
 
 
 def encode_format() -> bytes:
     return str(ROW_FORMAT).encode()
 
 
-def check_format(value: bytes | None, partition: int) -> None:
-    """Raise `RowFormatError` unless a partition's format row (None: absent) is `ROW_FORMAT`.
+def check_format(value: bytes | None, partition: int) -> int:
+    """The format a partition's format row names (None, absent: 1), if this version reads it; else
+    `RowFormatError`.
 
     Absent means a new store, or one written before the format row existed (format 1 exactly).
+    An older format is read through the upcasts; the caller records `ROW_FORMAT` once it writes.
     """
-    if value is None or value == encode_format():
-        return
+    if value is None:
+        return 1
+    try:
+        stored = int(value)
+    except ValueError:
+        stored = 0
+    if 1 <= stored <= ROW_FORMAT:
+        return stored
     found = value.decode(errors="backslashreplace")
+    if stored > ROW_FORMAT:
+        raise RowFormatError(
+            f"partition {partition}: the stored rows are in row format {stored}, newer than format {ROW_FORMAT} "
+            f"that this agentstream reads and writes: a newer version wrote them. {_REMEDY}"
+        )
     raise RowFormatError(
-        f"partition {partition}: the stored rows are in row format {found!r}, and this agentstream reads "
-        f"format {ROW_FORMAT}: they were written by another version. Run the version that wrote them, or "
-        "rebuild the rows from agent-journal as docs/operations.md ('Row format') describes "
-        "(`agentstream replay --verify` checks the rebuilt rows)"
+        f"partition {partition}: the format row holds {found!r}, which names no row format (this agentstream "
+        f"reads formats 1 to {ROW_FORMAT}). Rebuild the rows from agent-journal as docs/operations.md "
+        "('Row format') describes (`agentstream replay --verify` checks the rebuilt rows)"
     )
 
 
@@ -181,17 +259,22 @@ _CELL = _aliases(CellRow)
 
 
 def encode_cell(cell: Cell) -> bytes:
-    # By hand: the item's JSON is spliced in as the serializer gives it (one per changed item).
+    # By hand: the item's JSON is spliced in as the serializer gives it (one per changed item). The
+    # head is ASCII but for the marker, so latin-1 encodes it byte for byte.
     names = _CELL
-    head = f'{{"{names["offset"]}":{cell.offset},"{names["created_offset"]}":{cell.created_offset}'
+    head = f'{_CURRENT_TEXT}{{"{names["offset"]}":{cell.offset},"{names["created_offset"]}":{cell.created_offset}'
     head += f',"{names["seq"]}":{cell.seq}'
     if cell.updates_offset is not None:
         head += f',"{names["updates_offset"]}":{cell.updates_offset}'
-    return f'{head},"{names["item"]}":'.encode() + _ITEM_JSON(cell.item, exclude_none=True) + b"}"
+    return f'{head},"{names["item"]}":'.encode("latin-1") + _ITEM_JSON(cell.item, exclude_none=True) + b"}"
+
+
+def decode_cell_row(value: bytes) -> CellRow:
+    return CellRow.model_validate_json(_body("cell", value))
 
 
 def decode_cell(value: bytes) -> Cell:
-    row = CellRow.model_validate_json(value)
+    row = decode_cell_row(value)
     return Cell(row.seq, row.offset, row.item, row.updates_offset, row.created_offset)
 
 
@@ -205,7 +288,7 @@ def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
     (tests/test_row_codec.py checks they are exactly its fields, in order).
     """
     pending, request, usage, report = state.pending, state.open, state.usage, state.over_threshold
-    return orjson.dumps(
+    return _CURRENT + orjson.dumps(
         {
             "path": state.stream_path,
             "cursor": state.cursor,
@@ -288,7 +371,7 @@ def _config_patch(config: AgentConfig) -> dict[str, Any]:
 
 
 def decode_meta_row(value: bytes) -> MetaRow:
-    return MetaRow.model_validate_json(value)
+    return MetaRow.model_validate_json(_body("meta", value))
 
 
 def decode_meta(value: bytes) -> tuple[AgentState, SourceOffsets]:
@@ -364,30 +447,74 @@ def _restore_cell(lane: Lane, cell: Cell) -> None:
 
 
 def encode_idempotency(offset: int, event_type: str, payload_hash: str) -> bytes:
-    return orjson.dumps(_wire(IdempotencyRow, offset=offset, type=event_type, hash=payload_hash))
+    return _CURRENT + orjson.dumps(_wire(IdempotencyRow, offset=offset, type=event_type, hash=payload_hash))
+
+
+def decode_idempotency_row(value: bytes) -> IdempotencyRow:
+    return IdempotencyRow.model_validate_json(_body("idempotency", value))
 
 
 def decode_idempotency(value: bytes) -> tuple[int, str, str]:
-    row = IdempotencyRow.model_validate_json(value)
+    row = decode_idempotency_row(value)
     return row.offset, row.type, row.hash
 
 
 def encode_offset(offset: int) -> bytes:
     """An append-id row and a journal position row: an offset as decimal text."""
-    return str(offset).encode()
+    return b"%b%d" % (_CURRENT, offset)
 
 
 def decode_offset(value: bytes) -> int:
-    return int(value)
+    return int(_body("offset", value))
+
+
+def encode_append_slot(append_id: str) -> bytes:
+    """A slot of a stream's append-id window: the append id holding it, as text."""
+    return _CURRENT + append_id.encode()
+
+
+def decode_append_slot(value: bytes) -> str:
+    return _body("slot", value).decode()
 
 
 def encode_command_positions(appends: int, internal: int) -> bytes:
-    return orjson.dumps(_wire(CommandPositionsRow, appends=appends, internal=internal))
+    return _CURRENT + orjson.dumps(_wire(CommandPositionsRow, appends=appends, internal=internal))
+
+
+def decode_command_positions_row(value: bytes) -> CommandPositionsRow:
+    return CommandPositionsRow.model_validate_json(_body("positions", value))
 
 
 def decode_command_positions(value: bytes) -> tuple[int, int]:
-    row = CommandPositionsRow.model_validate_json(value)
+    row = decode_command_positions_row(value)
     return row.appends, row.internal
+
+
+def decode_row(key: bytes, value: bytes) -> Any:
+    """Any row's value as this version reads it (upcast, validated; the format row's version):
+    what `agentstream replay --verify` compares, so that rows of an older format equal their
+    rebuild. `ValueError` for a key of no known kind or a value its kind refuses."""
+    kind = key.partition(rows.SEP)[0]
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        raise ValueError(f"no kind of row has keys starting {kind!r}")
+    return decoder(value)
+
+
+def _decode_format(value: bytes) -> int:
+    return int(value)  # decimal text, no marker: it says which format the others are in
+
+
+_DECODERS: dict[bytes, Callable[[bytes], Any]] = {
+    rows.META: decode_meta_row,
+    rows.ITEM: decode_cell_row,
+    rows.IDEMPOTENCY: decode_idempotency_row,
+    rows.APPEND_ID: decode_offset,
+    rows.APPEND_SLOT: decode_append_slot,
+    rows.POSITION: decode_offset,
+    rows.COMMAND_POSITIONS: decode_command_positions_row,
+    rows.FORMAT: _decode_format,
+}
 
 
 def change_rows(path: str, changes: dict[tuple[LaneName, int], Cell | None]) -> Iterator[rows.Row]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from processors import rows
+import pytest
+
+from processors import row_codec, rows
 from processors.dedupe import dedupe_rows
 from processors.journal import Duplicate, Journaled
 from schemas.events import CONTEXT_ADDED
@@ -45,11 +47,12 @@ def test_1_an_idempotency_key_names_its_event_forever_whatever_the_window() -> N
     assert isinstance(again, Duplicate) and again.offset == first.event.offset
 
 
-def test_dedupe_rows_forget_the_slots_previous_append_id_before_recording_the_new_one() -> None:
-    stored = {rows.append_slot_key(PATH, 1): b"old"}
+@pytest.mark.parametrize("old", [b"old", row_codec.encode_append_slot("old")])  # format 1, format 2
+def test_dedupe_rows_forget_the_slots_previous_append_id_before_recording_the_new_one(old: bytes) -> None:
+    stored = {rows.append_slot_key(PATH, 1): old}
     changed = dedupe_rows(PATH, 4, CONTEXT_ADDED, None, None, "new", window=3, read=stored.get)
     assert changed == [
         (rows.append_id_key(PATH, "old"), None),
-        (rows.append_id_key(PATH, "new"), b"4"),
-        (rows.append_slot_key(PATH, 1), b"new"),
+        (rows.append_id_key(PATH, "new"), b"\xff\x024"),
+        (rows.append_slot_key(PATH, 1), b"\xff\x02new"),
     ]

@@ -1,10 +1,10 @@
-"""The row codec (docs/architecture.md, "Rows"): stored rows load back into exactly the folded state,
-the stored names are a fixed format, and a store of another format stops the worker."""
+"""The row codec (docs/architecture.md, "Stored rows"): stored rows load back into exactly the folded
+state, the stored names are a fixed format, rows of an older format are upcast on read, and a store
+of a newer format stops the worker (docs/operations.md, "Row format")."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import orjson
 import pytest
@@ -21,20 +21,19 @@ from schemas.config import AgentConfig
 from schemas.context import ContextItem
 from tests.journal import Journal
 from tests.support.journal_fakes import DictStore, FakeTransactions
-from tests.test_properties import PROPERTY_SETTINGS, journals
+from tests.support.journal_strategy import PROPERTY_SETTINGS, journals
+from tests.support.row_store import state_view
 from topics.names import topic_names
 
 
-def lane_view(lane: Lane) -> tuple[Any, ...]:
-    cells = [(c.seq, c.offset, c.created_offset, c.updates_offset, c.item) for c in lane.cells]
-    return lane.next_seq, lane.next_front_seq, cells, {key: cell.seq for key, cell in lane.by_key.items()}
+def format_1(value: bytes) -> bytes:
+    """A row value as format 1 wrote it: format 2 only put the marker in front."""
+    assert value[:2] == b"\xff\x02", value
+    return value[2:]
 
 
-def state_view(state: AgentState) -> dict[str, Any]:
-    """Everything a state holds but the row-change bookkeeping, comparable with ==."""
-    view = {name: getattr(state, name) for name in AgentState.__dataclass_fields__ if name not in ("changes",)}
-    view["system"], view["history"] = lane_view(state.system), lane_view(state.history)
-    return view
+def format_1_rows(items: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(key, format_1(value)) for key, value in items]
 
 
 @st.composite
@@ -56,8 +55,10 @@ def journals_with_scripts(draw: st.DrawFn) -> Journal:
 @PROPERTY_SETTINGS
 @given(journals_with_scripts(), st.sets(st.integers(1, 40)))
 def test_rows_written_after_any_events_load_as_the_fold_of_those_events(j: Journal, reloads: set[int]) -> None:
-    """Loading the rows equals folding the events, after every event; and a state loaded from rows
-    midway (the worker evicted it, or restarted) folds the rest exactly as the unbroken fold does."""
+    """Loading the rows equals folding the events, after every event, from rows of this format and
+    from the same rows as format 1 wrote them (without the marker: upcast on read); and a state
+    loaded from rows midway (the worker evicted it, or restarted) folds the rest exactly as the
+    unbroken fold does."""
     table: dict[bytes, bytes] = {}
     path = j.stream_path
     state, folded = AgentState(stream_path=path), AgentState(stream_path=path)
@@ -75,20 +76,23 @@ def test_rows_written_after_any_events_load_as_the_fold_of_those_events(j: Journ
         loaded, loaded_sources = row_codec.load_state(table[rows.meta_key(path)], items)
         assert state_view(loaded) == state_view(folded)
         assert loaded_sources == sources
+        old, old_sources = row_codec.load_state(format_1(table[rows.meta_key(path)]), format_1_rows(items))
+        assert state_view(old) == state_view(folded) and old_sources == sources
         if event.offset in reloads:
             state = loaded  # continue from the rows, as the worker does after evicting the stream
     assert state_view(state) == state_view(folded)
 
 
-def test_the_stored_names_are_row_format_1() -> None:
-    """The stored bytes of format 1, field by field: a change here needs a new ROW_FORMAT."""
+def test_the_stored_names_are_row_format_2() -> None:
+    """The stored bytes of format 2, field by field: the marker (0xFF, then the version), then the
+    shapes of format 1 unchanged. A change here needs a new ROW_FORMAT and its upcast."""
     state = AgentState(stream_path="/agents/a", cursor=9, published_through=5, created=True)
     state.config = AgentConfig.model_validate({"maxAutonomousTurns": 3})
     state.pending = PendingTrigger(8, 1000, "external")
     state.open = OpenRequest(5, "m", 2000, 4, "agent-loop", None, "2026-01-01T00:00:00.000Z")
     state.over_threshold = UsageReport(7, 5, "m", 600, 500)
     state.scripts = {"x": ScriptRun("x", 6, 3000, True)}
-    assert orjson.loads(row_codec.encode_meta(state, SourceOffsets(3, 4))) == {
+    assert orjson.loads(format_1(row_codec.encode_meta(state, SourceOffsets(3, 4)))) == {
         "path": "/agents/a",
         "cursor": 9,
         "sourceOffset": 3,
@@ -120,11 +124,14 @@ def test_the_stored_names_are_row_format_1() -> None:
         "seqs": [1, 0, 1, 0],
     }
     stored_names = [field.alias or name for name, field in row_codec.MetaRow.model_fields.items()]
-    assert list(orjson.loads(row_codec.encode_meta(state, SourceOffsets(3, 4)))) == stored_names  # in order
-    assert orjson.loads(row_codec.encode_idempotency(3, "t", "h")) == {"offset": 3, "type": "t", "hash": "h"}
-    assert orjson.loads(row_codec.encode_command_positions(1, 2)) == {"appends": 1, "internal": 2}
+    assert list(orjson.loads(format_1(row_codec.encode_meta(state, SourceOffsets(3, 4))))) == stored_names
+    assert orjson.loads(format_1(row_codec.encode_idempotency(3, "t", "h"))) == {"offset": 3, "type": "t", "hash": "h"}
+    assert orjson.loads(format_1(row_codec.encode_command_positions(1, 2))) == {"appends": 1, "internal": 2}
+    assert row_codec.encode_offset(-1) == b"\xff\x02-1" and row_codec.encode_offset(12) == b"\xff\x0212"
+    assert row_codec.encode_append_slot("send-ü") == b"\xff\x02" + "send-ü".encode()
+    assert row_codec.encode_format() == b"2"  # the format row alone is bare decimal text
     cell = Lane("history").append(4, ContextItem(role="user", content="hi"), 2)
-    assert orjson.loads(row_codec.encode_cell(cell)) == {
+    assert orjson.loads(format_1(row_codec.encode_cell(cell))) == {
         "o": 4,
         "c": 4,
         "s": 1,
@@ -134,35 +141,110 @@ def test_the_stored_names_are_row_format_1() -> None:
 
 
 def test_a_row_with_an_unknown_field_is_refused_not_misread() -> None:
-    meta = orjson.loads(row_codec.encode_meta(AgentState(stream_path="/a"), SourceOffsets()))
+    meta = orjson.loads(format_1(row_codec.encode_meta(AgentState(stream_path="/a"), SourceOffsets())))
     meta["newField"] = 1
-    with pytest.raises(ValueError, match="newField"):
-        row_codec.decode_meta(orjson.dumps(meta))
+    for value in (b"\xff\x02" + orjson.dumps(meta), orjson.dumps(meta)):  # format 2, and format 1
+        with pytest.raises(ValueError, match="newField"):
+            row_codec.decode_meta(value)
 
 
-def test_a_store_without_a_format_row_is_format_1_and_gets_its_row() -> None:
-    row_codec.check_format(None, 0)
+@pytest.mark.parametrize("stored", [None, b"1"])
+def test_a_store_without_a_format_row_or_of_format_1_opens_and_is_marked_format_2_with_its_first_checkpoint(
+    stored: bytes | None,
+) -> None:
+    """docs/operations.md, "Row format": no format row means format 1 (or a new store); an older
+    format is read through the upcasts, and the format row records the newest format written."""
     table = DictStore()
+    if stored is not None:
+        table.stored[rows.format_key(3)] = stored
+    assert row_codec.check_format(stored, 3) == 1
 
     async def first_checkpoint() -> None:
         engine = PartitionEngine(3, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+        assert table.get(rows.format_key(3)) == stored  # not before the checkpoint commits
         await engine.checkpoints.flush()  # stored with the partition's first checkpoint
 
     asyncio.run(first_checkpoint())
-    assert table.get(rows.format_key(3)) == b"1" == row_codec.encode_format()
+    assert table.get(rows.format_key(3)) == b"2" == row_codec.encode_format()
+    assert row_codec.check_format(b"2", 3) == 2
 
 
-@pytest.mark.parametrize("stored", [b"2", b"x"])
-def test_another_row_format_stops_the_worker_and_says_to_rebuild_with_replay(stored: bytes) -> None:
+@pytest.mark.parametrize("stored", [b"3", b"10"])
+def test_a_newer_row_format_stops_the_worker_and_says_a_downgrade_needs_that_version_or_a_rebuild(
+    stored: bytes,
+) -> None:
     table = DictStore()
     table.stored[rows.format_key(0)] = stored
-    with pytest.raises(row_codec.RowFormatError, match=r"row format .*agentstream replay"):
+    with pytest.raises(row_codec.RowFormatError) as stopped:
+        PartitionEngine(0, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+    message = str(stopped.value)
+    assert f"partition 0: the stored rows are in row format {int(stored)}, newer than format 2" in message
+    assert "never downgraded" in message and "('Row format')" in message and "agentstream replay --verify" in message
+    assert table.get(rows.format_key(0)) == stored  # left as it was
+
+
+@pytest.mark.parametrize("stored", [b"x", b"0", b"-1", b""])
+def test_a_format_row_that_names_no_format_stops_the_worker_and_says_to_rebuild(stored: bytes) -> None:
+    table = DictStore()
+    table.stored[rows.format_key(0)] = stored
+    with pytest.raises(row_codec.RowFormatError, match=r"names no row format .*agentstream replay --verify"):
         PartitionEngine(0, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
 
 
-def test_the_row_keys_are_row_format_1() -> None:
-    """docs/architecture.md, "Rows": every key byte for byte (`<kind>\\0<path>\\0…`, 8-byte big-endian
-    seqs and slots, a seq biased by 2^63 so that byte order is numeric order)."""
+# --- the upcast chain (docs/operations.md, "Row format") --------------------------------------------
+
+
+def test_every_format_before_this_one_has_its_upcast_to_the_next() -> None:
+    assert sorted(row_codec.UPCASTS) == list(range(1, row_codec.ROW_FORMAT))
+
+
+def tagging(tag: str) -> row_codec.Upcast:
+    return lambda shape, body: body + f"|{shape}:{tag}".encode()
+
+
+def test_an_older_row_goes_through_every_step_from_its_version_to_the_newest_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chain as a future format 4 would have it: each step once, none skipped, none past the
+    newest format; a row of a newer format is refused, not misread."""
+    monkeypatch.setattr(row_codec, "ROW_FORMAT", 4)
+    monkeypatch.setattr(row_codec, "UPCASTS", {1: tagging("1>2"), 2: tagging("2>3"), 3: tagging("3>4")})
+    assert row_codec.upcast("meta", 1, b"m") == b"m|meta:1>2|meta:2>3|meta:3>4"
+    assert row_codec.upcast("cell", 2, b"c") == b"c|cell:2>3|cell:3>4"
+    assert row_codec.upcast("offset", 3, b"7") == b"7|offset:3>4"
+    assert row_codec.upcast("slot", 4, b"s") == b"s"
+    with pytest.raises(row_codec.RowFormatError, match=r"a slot row is in row format 5, newer than format 4"):
+        row_codec.upcast("slot", 5, b"s")
+
+
+def test_decoding_reads_a_rows_version_and_upcasts_only_older_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every decoder goes through the chain: a row without a marker is format 1 and takes step 1;
+    a row of this format is read as it is; a marked row names its version."""
+    monkeypatch.setitem(row_codec.UPCASTS, 1, lambda shape, body: body + b"0" if shape == "offset" else body)
+    assert row_codec.decode_offset(b"7") == 70  # format 1, upcast
+    assert row_codec.decode_offset(row_codec.encode_offset(7)) == 7  # this format: as written
+    assert row_codec.decode_offset(b"\xff\x027") == 7
+    assert row_codec.row_version(b"7") == 1 and row_codec.row_version(b"{}") == 1
+    assert row_codec.row_version(b"\xff\x02{}") == 2 and row_codec.row_version(b"\xff\x09") == 9
+    with pytest.raises(row_codec.RowFormatError, match="an offset row is in row format 3"):
+        row_codec.decode_offset(b"\xff\x037")
+    for broken in (b"\xff", b"\xff\x017", b"\xff\x007"):  # format 1 had no marker
+        with pytest.raises(ValueError, match="format marker but no format version"):
+            row_codec.decode_offset(broken)
+
+
+def test_a_format_1_value_never_reads_as_marked_whatever_it_holds() -> None:
+    """Format 1 wrote UTF-8 only (append ids are any text, even control characters): no value of it
+    starts with the marker byte."""
+    for append_id in ("\x02x", "\xff", "ÿ", "-1", "{}", "\x00"):
+        assert row_codec.decode_append_slot(append_id.encode()) == append_id
+        assert row_codec.decode_append_slot(row_codec.encode_append_slot(append_id)) == append_id
+
+
+def test_the_row_keys_are_those_of_every_row_format() -> None:
+    """docs/architecture.md, "Stored rows": every key byte for byte, unchanged since format 1
+    (`<kind>\\0<path>\\0…`, 8-byte big-endian seqs and slots, a seq biased by 2^63 so that byte
+    order is numeric order)."""
     path = "/agents/a"
     assert rows.meta_key(path) == b"m\x00/agents/a"
     assert rows.items_prefix(path) == b"i\x00/agents/a\x00"

@@ -328,7 +328,7 @@ def test_turn_state_shows_a_running_script_until_it_settles_and_rows_carry_it() 
 
 
 def test_turn_state_rows_written_before_script_runs_still_read() -> None:
-    meta = orjson.loads(row_codec.encode_meta(AgentState(stream_path="/a"), SourceOffsets()))
+    meta = orjson.loads(row_codec.encode_meta(AgentState(stream_path="/a"), SourceOffsets())[2:])  # unmarked: format 1
     del meta["scripts"]
     state, _ = row_codec.decode_meta(orjson.dumps(meta))
     assert state.scripts == {}

@@ -1,8 +1,11 @@
 """`replay --verify`: every row on which the live store and a replayed store disagree.
 
 Both stores are walked side by side in key order, so stores of any size compare in constant memory.
-Bookkeeping the journal cannot rebuild is left out (Faust's changelog offset, the command topics'
-read positions, and the journal position the live worker records one checkpoint late).
+Rows are compared as this version reads them (decoded, rows of an older format upcast), so a live
+store still holding older rows equals its rebuild in the current format (docs/operations.md, "Row
+format"). Bookkeeping the journal cannot rebuild is left out (Faust's changelog offset, the command
+topics' read positions, the journal position the live worker records one checkpoint late, and the
+format row, which says how rows are encoded, not what they hold).
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.journal.replay_store import FAUST_OFFSET_KEY, open_rows
-from processors import rows
+from pydantic import BaseModel
 
-BOOKKEEPING = (rows.COMMAND_POSITIONS + rows.SEP, rows.POSITION + rows.SEP)  # rows verify does not compare
+from pipeline.journal.replay_store import FAUST_OFFSET_KEY, open_rows
+from processors import row_codec, rows
+
+# Rows verify does not compare.
+BOOKKEEPING = (rows.COMMAND_POSITIONS + rows.SEP, rows.POSITION + rows.SEP, rows.FORMAT + rows.SEP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +32,7 @@ class RowDifference:
     key: bytes
     live: bytes | None
     replayed: bytes | None
+    detail: str = ""  # what differs, when both stores hold the row
 
     @property
     def stream(self) -> str | None:
@@ -38,7 +45,8 @@ class RowDifference:
         return "replay only" if self.live is None else "values differ"
 
     def __str__(self) -> str:
-        return f"partition {self.partition}: {describe_key(self.key)}: {self.kind}"
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"partition {self.partition}: {describe_key(self.key)}: {self.kind}{detail}"
 
 
 def _owner(key: bytes) -> str | None:
@@ -77,11 +85,38 @@ def describe_key(key: bytes) -> str:
     return f"row {key!r} (no stream owns it)"
 
 
+def compare(key: bytes, live: bytes, replayed: bytes) -> str | None:
+    """None when both values read the same (decoded, upcast to this version's format); else what
+    differs, for people: the stored names of the fields that differ, both values of a scalar row,
+    or why a side cannot be read (then the bytes decide)."""
+    if live == replayed:
+        return None
+    decoded: list[object] = []
+    unreadable: dict[str, str] = {}
+    for side, value in (("live", live), ("replayed", replayed)):
+        try:
+            decoded.append(row_codec.decode_row(key, value))
+        except (ValueError, row_codec.RowFormatError) as error:
+            unreadable[side] = str(error).splitlines()[0]
+    if len(set(unreadable.values())) == 1 and len(unreadable) == 2:
+        return f"both rows unreadable: {unreadable['live']}"
+    if unreadable:
+        return "; ".join(f"{side} row unreadable: {reason}" for side, reason in unreadable.items())
+    before, after = decoded
+    if before == after:
+        return None
+    if isinstance(before, BaseModel) and isinstance(after, BaseModel):
+        old, new = before.model_dump(by_alias=True), after.model_dump(by_alias=True)
+        return "differing fields: " + ", ".join(name for name in old if old[name] != new.get(name))
+    return f"live {before!r}, replayed {after!r}"
+
+
 def _rows_at(path: Path) -> Iterator[tuple[bytes, bytes]]:
     """Every row of one partition's store in key order, but bookkeeping the journal cannot
-    rebuild: Faust's changelog offset, the command topics' read positions, and the journal
-    position `p`, which the live worker records one checkpoint late (a lower bound for recovery;
-    docs/architecture.md, "Commit protocol")."""
+    rebuild: Faust's changelog offset, the command topics' read positions, the journal position
+    `p`, which the live worker records one checkpoint late (a lower bound for recovery;
+    docs/architecture.md, "Commit protocol"), and the format row `v` (a live store may still be
+    in an older format, read through the upcasts)."""
     if not path.exists():
         return
     db = open_rows(path, read_only=True)
@@ -119,8 +154,9 @@ def verify(replayed_dir: Path, live_paths: dict[int, Path], only_path: str | Non
     """Every row that differs between the live and the replayed store (missing on either side too).
 
     All rows are compared, not only those a stream's state is loaded from: a stray row (a stream's
-    row in another partition, an item no event made, a key no stream owns) is a difference. With
-    `only_path` only that stream's rows are compared.
+    row in another partition, an item no event made, a key no stream owns) is a difference. Values
+    are compared decoded (`compare`), not byte for byte. With `only_path` only that stream's rows
+    are compared.
     """
     differences: list[RowDifference] = []
     for partition, live_path in sorted(live_paths.items()):
@@ -128,6 +164,10 @@ def verify(replayed_dir: Path, live_paths: dict[int, Path], only_path: str | Non
         for key, live, again in _merged(_rows_at(live_path), replayed):
             if only_path is not None and _owner(key) != only_path:
                 continue
-            if live != again:
+            if live is None or again is None:
                 differences.append(RowDifference(partition, key, live, again))
+                continue
+            detail = compare(key, live, again)
+            if detail is not None:
+                differences.append(RowDifference(partition, key, live, again, detail))
     return differences
