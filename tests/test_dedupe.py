@@ -56,3 +56,21 @@ def test_dedupe_rows_forget_the_slots_previous_append_id_before_recording_the_ne
         (rows.append_id_key(PATH, "new"), b"\xff\x024"),
         (rows.append_slot_key(PATH, 1), b"\xff\x02new"),
     ]
+
+
+def test_1_dedupe_the_event_at_offset_window_reads_slot_0_which_a_smaller_window_may_have_taken() -> None:
+    """Below the window a slot was never taken, so its read is spared; at offset == window (slot 0)
+    it must be read: under an earlier, smaller window an event may hold it (docs/operations.md,
+    "Changing the append-id window")."""
+    stored = {rows.append_slot_key(PATH, 0): row_codec.encode_append_slot("under-window-2")}
+    reads: list[bytes] = []
+
+    def read(key: bytes) -> bytes | None:
+        reads.append(key)
+        return stored.get(key)
+
+    changed = dedupe_rows(PATH, 3, CONTEXT_ADDED, None, None, "new", window=3, read=read)
+    assert (rows.append_id_key(PATH, "under-window-2"), None) in changed
+    reads.clear()
+    below = dedupe_rows(PATH, 2, CONTEXT_ADDED, None, None, "two", window=3, read=read)
+    assert reads == [] and [key for key, _ in below] == [rows.append_id_key(PATH, "two"), rows.append_slot_key(PATH, 2)]

@@ -163,8 +163,11 @@ class Checkpoint:
             partition = self.partition
             send = producer.send
 
+            # Records of one partition land in the order produced (idempotent producer), so the
+            # offset of the last journal record and of the last changelog record are the highest:
+            # only those two carry a delivery callback (one per record was a visible cost).
             def on_journal(error: Any, message: Any) -> None:
-                if error is None and message.topic() == journal_topic:
+                if error is None:
                     self.journal_offset = max(self.journal_offset, message.offset())
 
             def on_changelog(error: Any, message: Any) -> None:
@@ -172,16 +175,18 @@ class Checkpoint:
                     self.changelog_offset = max(self.changelog_offset, message.offset())
 
             producer.begin()  # 1
-            for topic, key, value, headers in self.records:  # 2
-                send(topic, key, value, partition, headers, on_journal)
+            last_journal = _last_index(self.records, journal_topic)
+            for index, (topic, key, value, headers) in enumerate(self.records):  # 2
+                send(topic, key, value, partition, headers, on_journal if index == last_journal else None)
             if self.records and self.follow_ups:
                 await producer.barrier()  # 3
             for topic, key, value, headers in self.follow_ups:  # 4
                 send(topic, key, value, partition, headers or None)
             self._positions(done, max(journal_position, self.journal_offset))
             ordered = changelog_order(self.rows)
-            for key, value in ordered:  # 5
-                send(store.changelog_topic, key, value, partition, None, on_changelog)
+            changelog, last_row = store.changelog_topic, len(ordered) - 1
+            for index, (key, value) in enumerate(ordered):  # 5
+                send(changelog, key, value, partition, None, on_changelog if index == last_row else None)
             await producer.commit()  # 6
             if ordered:  # 7
                 if self.changelog_offset < 0:
@@ -199,6 +204,13 @@ class Checkpoint:
             )
         if journal_offset >= 0:
             self.rows[rows.position_key(self.partition)] = row_codec.encode_offset(journal_offset)
+
+
+def _last_index(records: list[Outgoing], topic: str) -> int:
+    for index in range(len(records) - 1, -1, -1):
+        if records[index][0] == topic:
+            return index
+    return -1
 
 
 class CommandPositions:

@@ -107,6 +107,7 @@ class PartitionEngine:
         self.transport = transport
         self.follow_ups = FollowUps(topics, transport, render_budget)
         self.wakeups: list[tuple[int, str]] = []  # heap of (due ms, stream path)
+        self._woken_now: set[str] = set()  # streams with a wakeup at 0 in the heap
         self.on_wake: Callable[[int], None] | None = None  # told of every wakeup pushed (the worker's timer)
         self.max_pending = max_pending  # commands staged at most while a checkpoint commits
         self.max_event_bytes = max_event_bytes
@@ -139,11 +140,12 @@ class PartitionEngine:
     # --- rows ----------------------------------------------------------------------------------
 
     def _check_row_format(self) -> None:
-        """Stop (`RowFormatError`) on rows another version wrote; mark a store this version's."""
+        """Stop (`RowFormatError`) on rows a newer version wrote; mark a new or older store this version's
+        (older rows are upcast on read)."""
         key = rows.format_key(self.partition)
         stored = self.store.get(key)
         row_codec.check_format(stored, self.partition)
-        if stored is None:
+        if stored != row_codec.encode_format():
             self.checkpoints.open.put(key, row_codec.encode_format())  # stored with the first checkpoint
 
     def _fenced(self, error: BaseException) -> None:
@@ -391,6 +393,10 @@ class PartitionEngine:
     # --- scheduling ------------------------------------------------------------------------
 
     def wake(self, path: str, at_ms: int) -> None:
+        if at_ms == 0:  # every journaled event wakes its stream: one such wakeup per stream is enough
+            if path in self._woken_now:
+                return
+            self._woken_now.add(path)
         heapq.heappush(self.wakeups, (at_ms, path))
         if self.on_wake is not None:
             self.on_wake(at_ms)
@@ -409,7 +415,9 @@ class PartitionEngine:
         due: list[str] = []
         seen: set[str] = set()
         while self.wakeups and self.wakeups[0][0] <= now_ms:
-            _, path = heapq.heappop(self.wakeups)
+            at_ms, path = heapq.heappop(self.wakeups)
+            if at_ms == 0:
+                self._woken_now.discard(path)
             if path not in seen:  # journaling below wakes streams again: decided on the next run
                 seen.add(path)
                 due.append(path)
