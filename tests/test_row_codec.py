@@ -20,6 +20,7 @@ from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIP
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
 from tests.journal import Journal
+from tests.support.engine_harness import NAMES, PATH, EngineHarness, user
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from tests.support.journal_strategy import PROPERTY_SETTINGS, journals
 from tests.support.row_store import state_view
@@ -308,3 +309,18 @@ def test_item_rows_written_after_the_metadata_row_are_ignored_when_loading() -> 
     loaded, _ = row_codec.load_state(meta, sorted(items))
     assert state_view(loaded) == state_view(state)
     assert [cell.item.content for cell in loaded.history.cells] == ["one"]
+
+
+def test_a_newer_format_row_met_while_deciding_a_command_stops_the_worker_not_the_command() -> None:
+    """docs/operations.md, "Row format": a row a newer version wrote (here a stream's metadata row
+    in format 9, its format row lost) raises `RowFormatError` out of the batch, which the worker
+    turns into exit 78, instead of dead-lettering the command as bad input."""
+    harness = EngineHarness()
+    harness.table.stored[rows.meta_key(PATH)] = b"\xff\x09{}"
+
+    async def decide() -> None:
+        await harness.handle(harness.command(user("hello", appendId="a-1")))
+
+    with pytest.raises(row_codec.RowFormatError):
+        asyncio.run(decide())
+    assert harness.kafka.on(NAMES.dlq) == [] and harness.kafka.open == []

@@ -172,6 +172,8 @@ class PartitionEngine:
                 self.last_offset = command.offset
             try:
                 decision = self._decide(command)
+            except row_codec.RowFormatError:
+                raise  # a row a newer version wrote: the store, not the command, is at fault
             except Exception as error:  # nothing a command holds may stop the partition
                 decision = self._internal_error(command, error)
             if tracing.ON or TRACEPARENT in command.headers:
