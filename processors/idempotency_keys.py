@@ -1,8 +1,8 @@
 """Every idempotency key the system itself builds (docs/behaviour.md §1, §4, §5, §6, §7).
 
 A key names one exact event forever, and journals are kept forever: these strings are wire
-formats, pinned byte for byte by tests/test_idempotency_keys.py. Never change one; a new kind of
-event gets a new function.
+formats, pinned byte for byte by tests/processors/test_idempotency_keys.py. Never change one; a
+new kind of event gets a new function.
 
 Which offset a key holds is part of its name, because `agent/request/<N>` is two things:
 

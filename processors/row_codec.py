@@ -285,7 +285,7 @@ def encode_meta(state: AgentState, sources: SourceOffsets) -> bytes:
     """Everything but the items, and how far the stream's commands are journaled per topic.
 
     Written once per journaled event, so by hand: dict literals under the stored names of `MetaRow`
-    (tests/test_row_codec.py checks they are exactly its fields, in order).
+    (tests/processors/test_row_codec.py checks they are exactly its fields, in order).
     """
     pending, request, usage, report = state.pending, state.open, state.usage, state.over_threshold
     return _CURRENT + orjson.dumps(

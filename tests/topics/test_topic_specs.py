@@ -1,6 +1,6 @@
 """The topic set as declared, without a broker (topics/names.py; docs/architecture.md, "Topics").
 
-Creating and verifying the topics against the real broker is tests/test_topics_kafka.py.
+Creating and verifying the topics against the real broker is tests/topics/test_topics_kafka.py.
 """
 
 from __future__ import annotations
