@@ -1112,7 +1112,7 @@ MUTATIONS: tuple[Mutation, ...] = (
 
 # Which test modules to run first for a mutated file, besides those that import it.
 EXTRA_TESTS: dict[str, tuple[str, ...]] = {
-    "pipeline/journal/engine.py": ("tests/test_partition_engine.py",),
+    "pipeline/journal/engine.py": ("tests/pipeline/journal/test_partition_engine.py",),
 }
 
 
@@ -1172,7 +1172,7 @@ def targeted_tests(tree: Path, file: str) -> list[str]:
     Hypothesis properties last: with `-x` an example-based failure then stops the run early)."""
     wanted = module_name(file)
     found: dict[str, bool] = {}
-    for path in sorted((tree / "tests").glob("test_*.py")):
+    for path in sorted((tree / "tests").rglob("test_*.py")):
         source = path.read_text()
         if wanted in imported_modules(source) or str(path.relative_to(tree)) in EXTRA_TESTS.get(file, ()):
             found[str(path.relative_to(tree))] = "hypothesis" in source

@@ -4,7 +4,7 @@ A blob is stored once under `blobs/sha256/<hex>`, whoever uploads it and however
 the store keeps which streams it was uploaded to (`refs/sha256/<hex>/<key>`, the stream path as the
 body): the gateway serves a file to a token whose scope covers one of them.
 
-Two backends with one contract (tests/test_blobs.py runs the same tests against both):
+Two backends with one contract (tests/pipeline/test_blobs.py runs the same tests against both):
 - `DirectoryBlobStore` (default): a directory (`AGENTSTREAM_BLOB_DIR`), written by rename so a
   reader never sees half a blob;
 - `ObjectBlobStore`: any S3-compatible object store through obstore (bucket, prefix, endpoint

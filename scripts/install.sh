@@ -41,12 +41,14 @@ fi
 echo "==> Kafka jars"
 scripts/kafka/fetch.sh
 
-# The blob store's S3 tests (tests/test_blobs.py) run against s3proxy, an S3-compatible server on Java.
+# The blob store's S3 tests (tests/pipeline/test_blobs.py) run against s3proxy, an S3-compatible
+# server on Java.
 echo "==> s3proxy jars"
 scripts/s3proxy/fetch.sh
 
-# The web console's browser tests (tests/test_console_browser.py) drive Debian's chromium through
-# its chromedriver; test tools cannot download a browser of their own here.
+# The web console's browser tests (tests/pipeline/gateway/console/test_console_browser.py)
+# drive Debian's chromium through its chromedriver; test tools cannot download a browser of their
+# own here.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   echo "==> chromium and chromedriver (Debian packages, for the console's browser tests)"
   sudo=()

@@ -315,7 +315,8 @@ def test_4_2_distributed_birth_one_request_after_the_system_prompt(kit: tuple[St
     """§4.2 distributed birth: a message before `agent/created` and before the system prompt is
     reduced normally and its trigger waits (queued, never busy); when the prompt arrives exactly one
     request is made, after the prompt, and it contains the early message. (That nothing is requested
-    before the prompt, however long it takes, is checked on a fake clock: tests/test_turns_clock.py.)"""
+    before the prompt, however long it takes, is checked on a fake clock:
+    tests/pipeline/journal/test_turns_clock.py.)"""
     stack, llm = kit
     tag = new_tag()
     stream = stack.client.streams.get(f"/agents/birth-{uuid.uuid4().hex[:10]}")
@@ -489,8 +490,9 @@ def test_4_3_failures_retry_with_backoff_then_give_up_and_a_new_message_starts_f
         ),
     )
     (message,) = append_all(agent, user(f"{tag} please"))
-    # No fourth request after the third failure: checked on a fake clock (tests/test_turns_clock.py);
-    # here the fresh message below gets the fourth request.
+    # No fourth request after the third failure: checked on a fake clock
+    # (tests/pipeline/journal/test_turns_clock.py); here the fresh message below gets the fourth
+    # request.
     events = journal_until(agent, lambda es: len(of(es, STREAM_ERROR_OCCURRED)) >= 3, "three failures")
 
     requests = of(events, LLM_REQUEST_REQUESTED)
@@ -604,7 +606,8 @@ def test_4_3_breaker_pauses_after_max_autonomous_turns_and_external_input_resume
         "triggerOffset": d2,
     }
     assert paused.payload.reason == breaker_reason(1) and paused.offset > d2
-    # No request while paused, however long: checked on a fake clock (tests/test_turns_clock.py).
+    # No request while paused, however long: checked on a fake clock
+    # (tests/pipeline/journal/test_turns_clock.py).
     assert turn_json(fold_all(AgentState(), events))["status"] == "paused"
 
     (u2,) = append_all(agent, user(f"{tag} continue"))

@@ -1,6 +1,6 @@
 """What the LLM caller appends for each outcome of a call, and what it scrubs: the pure decisions of
 `processors/llm_outcomes.py` (docs/behaviour.md §4.3, §4.4, §4.5, §5.1.7, §5.1.8). No broker: the
-caller worker itself is tested against Kafka in tests/test_llm_caller.py.
+caller worker itself is tested against Kafka in tests/pipeline/caller/test_llm_caller.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The journal worker's Faust web server settings, without a broker: loopback by default, no table
-rows served. The server itself is tested against the broker in tests/test_worker_web_kafka.py.
+rows served. The server itself is tested against the broker in
+tests/pipeline/journal/test_worker_web_kafka.py.
 """
 
 from __future__ import annotations

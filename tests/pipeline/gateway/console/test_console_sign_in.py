@@ -1,7 +1,7 @@
 """The console's door over HTTP without a broker (the gateway points at a port where nothing
 listens): its pages carry a strict content security policy, and nothing is served or accepted
 without a session, nor posted without the session's CSRF token. The console against a real stack:
-tests/test_console_browser.py."""
+tests/pipeline/gateway/console/test_console_browser.py."""
 
 from __future__ import annotations
 

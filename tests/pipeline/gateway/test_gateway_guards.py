@@ -1,7 +1,7 @@
 """The gateway's guards as pure decisions, without a broker or a server: sign-in rate limits,
 live-stream slots, the sign-in origin check, per-token session caps, the body deadline, and what
 the tokens file's errors and its disappearance do. The same behaviour on the real stack:
-tests/test_gateway_hardening_kafka.py."""
+tests/pipeline/gateway/test_gateway_hardening_kafka.py."""
 
 from __future__ import annotations
 
