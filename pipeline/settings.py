@@ -1,8 +1,9 @@
 """Settings: environment variables `AGENTSTREAM_<NAME>` with documented defaults.
 
 Every field's description is the documentation. The configuration table of docs/reference.md
-repeats each field with its default and description; tests/test_reference_docs.py fails when a row
-is missing or differs (`.venv/bin/python -m tests.test_reference_docs` prints the current rows).
+repeats each field with its default and description; tests/docs/test_reference_docs.py fails when
+a row is missing or differs (`.venv/bin/python -m tests.docs.test_reference_docs` prints the
+current rows).
 """
 
 from __future__ import annotations

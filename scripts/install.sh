@@ -60,8 +60,9 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends chromium chromium-driver
 fi
 
-# Alert rules and dashboard queries are checked by Debian's Prometheus (tests/test_monitoring.py):
-# promtool checks and unit-tests the chart's rules; the server evaluates every dashboard query.
+# Alert rules and dashboard queries are checked by Debian's Prometheus
+# (tests/deploy/test_monitoring.py): promtool checks and unit-tests the chart's rules; the server
+# evaluates every dashboard query.
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   echo "==> prometheus and promtool (Debian package, for the chart's alert and dashboard tests)"
   sudo=()
@@ -74,8 +75,9 @@ if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 "${sudo[@]}" apt-get install -y -qq --no-install-recommends prometheus
 fi
 
-# The local trace backend (`agentstream up --traces`, tests/test_traces_jaeger_kafka.py): Jaeger v1.75.0,
-# a Go tool dependency of tools/jaeger/go.mod, built once (minutes on two cores, at the lowest priority).
+# The local trace backend (`agentstream up --traces`, tests/e2e/test_traces_jaeger_kafka.py):
+# Jaeger v1.75.0, a Go tool dependency of tools/jaeger/go.mod, built once (minutes on two cores,
+# at the lowest priority).
 JAEGER=.local/bin/jaeger
 if [[ $want_traces == 1 && ! -x $JAEGER ]]; then
   GO="$(command -v go || echo /usr/local/go/bin/go)"

@@ -1,6 +1,6 @@
 """The pure helpers behind the security probe's findings 7 and 9b, without a broker.
 
-tests/test_probe_findings_kafka.py checks the same findings end to end on the real stack.
+tests/e2e/test_probe_findings_kafka.py checks the same findings end to end on the real stack.
 """
 
 from __future__ import annotations

@@ -486,7 +486,7 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
     restore applies it. Whatever the prefix, catch-up must rebuild exactly the rows of the whole
     burst: before the burst order put each stream's metadata row last, a prefix holding a metadata
     row but not the item rows before it made catch-up skip those events for good (found by the
-    SIGKILL storm of tests/test_kill.py: receipts and item rows lost)."""
+    SIGKILL storm of tests/resilience/test_kill.py: receipts and item rows lost)."""
 
     async def scenario() -> None:
         h = EngineHarness()

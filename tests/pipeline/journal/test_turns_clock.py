@@ -3,7 +3,7 @@ clock: no sleeping, the clock jumps far past every deadline and the engine is as
 
 The engine runs as in the worker: its scheduler journals what it decides (`schedule`; an expiry goes
 back in through the internal command topic), and the test plays the LLM caller by appending settlements. The broker
-tests (tests/test_turns_kafka.py) keep one end-to-end check of each behaviour, waiting for what
+tests (tests/e2e/test_turns_kafka.py) keep one end-to-end check of each behaviour, waiting for what
 does happen.
 """
 

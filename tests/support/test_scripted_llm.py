@@ -27,7 +27,7 @@ from tests.support.scripted_llm import (
     delay,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "hello there"},

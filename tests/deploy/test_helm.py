@@ -22,7 +22,7 @@ from tests.support.helm import CHART, by_kind, helm, render, run_helm, template,
 
 __all__ = ["helm"]  # the shared helm fixture, used here
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = "/var/lib/agentstream"
 
 # Settings the chart renders that another change is adding to pipeline/settings.py.

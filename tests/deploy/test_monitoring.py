@@ -2,8 +2,8 @@
 "Dashboards and alerts"): Debian's promtool checks the rule file and runs the unit tests of every
 alert (tests/promtool/alerts.test.yaml); every query names only metrics the project exports; the
 chart renders the dashboard into a ConfigMap for Grafana's sidecar and the rules into a
-PrometheusRule, both off by default. tests/test_monitoring_kafka.py evaluates the queries against a
-running stack."""
+PrometheusRule, both off by default. tests/deploy/test_monitoring_kafka.py evaluates the queries
+against a running stack."""
 
 from __future__ import annotations
 

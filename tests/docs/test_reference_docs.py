@@ -1,10 +1,11 @@
 """The documents against the code: every setting, metric, command, exit code and Helm value they name.
 
-The tables of docs/reference.md are the code's own: `.venv/bin/python -m tests.test_reference_docs`
-prints their rows from `pipeline/settings.py` and `pipeline/capabilities/config.py`, and the tests
-fail when a row is missing, differs or names a setting that does not exist. The command table and
-exit codes are in docs/usage.md; the README keeps the two set-up commands; every relative link of
-the README and docs/ leads to a file that exists.
+The tables of docs/reference.md are the code's own:
+`.venv/bin/python -m tests.docs.test_reference_docs` prints their rows from `pipeline/settings.py`
+and `pipeline/capabilities/config.py`, and the tests fail when a row is missing, differs or names
+a setting that does not exist. The command table and exit codes are in docs/usage.md; the README
+keeps the two set-up commands; every relative link of the README and docs/ leads to a file that
+exists.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def _table_rows(marker: str) -> list[str]:
 def test_every_setting_has_its_row() -> None:
     expected = config_rows(Settings, ENV_PREFIX) + config_rows(HostConfig, HOST_PREFIX)
     missing = [row for row in expected if row not in REFERENCE]
-    assert not missing, "reference rows missing or out of date (print them: python -m tests.test_reference_docs):\n" + (
-        "\n".join(missing)
+    assert not missing, (
+        "reference rows missing or out of date (print them: python -m tests.docs.test_reference_docs):\n"
+        + ("\n".join(missing))
     )
 
 
