@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from rocksdict import AccessType, Options, Rdict
 
+from pipeline.journal.replay_store import FAUST_OFFSET_KEY
 from processors.state import AgentState, Lane
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -45,3 +47,12 @@ def format_1_journal() -> list[JournalRecord]:
         (line["offset"], bytes.fromhex(line["value"]), {k: bytes.fromhex(v) for k, v in line["headers"].items()})
         for line in lines
     ]
+
+
+def stored_rows(path: Path) -> dict[bytes, bytes]:
+    """Every row of one partition's RocksDB store (a stopped worker's), without Faust's offset key."""
+    db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        return {bytes(k): bytes(v) for k, v in db.items() if bytes(k) != FAUST_OFFSET_KEY}
+    finally:
+        db.close()

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from rocksdict import AccessType, Options, Rdict
 
 from pipeline.journal.replay import replay
-from pipeline.journal.replay_store import FAUST_OFFSET_KEY, live_store_paths
+from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from pipeline.journal.worker import ROWS_TABLE
 from processors import row_codec, rows
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
+from tests.support.engine_harness import user
+from tests.support.row_store import stored_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -40,18 +41,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.close()
-
-
-def user(text: str) -> dict[str, object]:
-    return {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": text}}
-
-
-def stored(path: Path) -> dict[bytes, bytes]:
-    db = Rdict(str(path), options=Options(raw_mode=True), access_type=AccessType.read_only())
-    try:
-        return {bytes(k): bytes(v) for k, v in db.items() if bytes(k) != FAUST_OFFSET_KEY}
-    finally:
-        db.close()
 
 
 def as_format_1(key: bytes, value: bytes) -> bytes:
@@ -74,7 +63,7 @@ def test_a_worker_restores_format_1_rows_from_the_changelog_and_carries_on(stack
     producer = Producer({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
     before: dict[int, dict[bytes, bytes]] = {}
     for partition, path in live_store_paths(stack.settings).items():
-        before[partition] = {key: as_format_1(key, value) for key, value in stored(path).items()}
+        before[partition] = {key: as_format_1(key, value) for key, value in stored_rows(path).items()}
         assert before[partition].get(rows.format_key(partition)) == b"1"
         for key, value in before[partition].items():
             producer.produce(changelog, key=key, value=value, partition=partition)
@@ -94,7 +83,7 @@ def test_a_worker_restores_format_1_rows_from_the_changelog_and_carries_on(stack
     live = live_store_paths(stack.settings)
     versions: set[int] = set()
     for partition, path in live.items():
-        after = stored(path)
+        after = stored_rows(path)
         assert after[rows.format_key(partition)] == b"2"  # marked with the first checkpoint
         versions |= {row_codec.row_version(v) for k, v in after.items() if not k.startswith(rows.FORMAT)}
     assert versions == {1, 2}  # untouched rows stay format 1, rewritten ones are format 2
