@@ -13,7 +13,15 @@ from collections.abc import Iterable
 
 
 def in_scope(path: str, globs: Iterable[str]) -> bool:
-    return any(_glob(glob).fullmatch(path) for glob in globs)
+    return _any_of(globs if type(globs) is tuple else tuple(globs)).fullmatch(path) is not None
+
+
+@functools.lru_cache(maxsize=1024)
+def _any_of(globs: tuple[str, ...]) -> re.Pattern[str]:
+    # One pattern per scope or grant list: a token's scope is matched once per appended line.
+    if not globs:
+        return re.compile("(?!)")  # matches nothing
+    return re.compile("|".join(f"(?:{_glob(glob).pattern})" for glob in globs))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -56,6 +56,10 @@ def prepare_submission(
     claims: Claims, stream_path: str, body: Any, append_id: str, topics: TopicNames, limits: Limits
 ) -> Ready | Problem:
     """`POST /v1/streams/{path}/events`: the body is the decoded JSON `{type, payload, idempotencyKey?}`."""
+    if type(body) is dict and "streamPath" not in body and "appendId" not in body:
+        fast = _validated_once(claims, {**body, "streamPath": stream_path}, append_id, topics, limits)
+        if fast is not None:
+            return fast
     try:
         submission = EventSubmission.model_validate(body)
     except ValidationError as error:
@@ -67,6 +71,10 @@ def prepare_submission(
 
 def prepare_line(claims: Claims, body: Any, append_id: str, topics: TopicNames, limits: Limits) -> Ready | Problem:
     """One NDJSON line: like a submission, naming its own `streamPath`."""
+    if type(body) is dict and "appendId" not in body:
+        fast = _validated_once(claims, body, append_id, topics, limits)
+        if fast is not None:
+            return fast
     try:
         line = BatchLine.model_validate(body)
     except ValidationError as error:
@@ -94,6 +102,19 @@ def prepare_command(
     command = prepared.command
     topic = topics.internal_appends if prepared.internal else topics.appends
     return Ready(topic, command.streamPath.encode(), prepared.value, command.streamPath, append_id)
+
+
+def _validated_once(
+    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits
+) -> Ready | Problem | None:
+    """A body that carries no `appendId` (and, for a submission, no `streamPath`) is an append
+    command once both are added, so it goes through the append path's own validation alone: a
+    command valid there is valid as a submission or a line too. An invalid one returns None, and
+    the caller answers it by the full route, whose messages name what the client sent."""
+    ready = prepare_command(claims, raw, append_id, topics, limits)
+    if isinstance(ready, Problem) and ready.error == "invalid_command":
+        return None
+    return ready
 
 
 def _problem(unfit: Unfit) -> Problem:

@@ -1,0 +1,100 @@
+"""The gateway's commands (pipeline/gateway/commands.py), without a broker: a submission or an
+NDJSON line whose body is already an append command is validated once, and every answer is the
+one the full route gives (docs/behaviour.md §7.1, the append gate; §7.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from pipeline.gateway.commands import (
+    Limits,
+    Problem,
+    Ready,
+    prepare_command,
+    prepare_line,
+    prepare_submission,
+)
+from processors.gate import Claims
+from schemas.events import AGENT_CREATED, CONTEXT_ADDED, describe_validation_error
+from schemas.gateway import BatchLine, EventSubmission
+from topics.names import topic_names
+
+TOPICS = topic_names("t-")
+LIMITS = Limits(max_event_bytes=2_000, max_user_file_bytes=1 << 20)
+CLAIMS = [
+    Claims("user", ("/agents/**",), user_id="u1"),
+    Claims("platform", ("/**",)),
+    Claims("integration", ("/integrations/**", "/agents/**")),
+    Claims("agent", ("/agents/a/**",), agent_path="/agents/a/one"),
+]
+APPEND_ID = "0123456789abcdef"
+
+PAYLOADS = st.one_of(
+    st.just({"role": "user", "content": "hi"}),
+    st.just({"role": "developer", "content": "note"}),
+    st.just({"role": "user", "content": "x" * 3_000}),  # too large
+    st.just({"role": "user", "content": 5}),  # invalid item
+    st.just({"role": "user", "content": "hi", "actor": {"type": "user", "origin": "web"}}),
+    st.just({"n": 2**60}),  # a number outside the interoperable range
+    st.just({}),
+    st.just("not an object"),
+)
+FIELDS: dict[str, Any] = {
+    "type": st.sampled_from([CONTEXT_ADDED, AGENT_CREATED, "acme/other", "", 7]),
+    "payload": PAYLOADS,
+    "idempotencyKey": st.sampled_from([None, "k-1", "", "agent/request/3"]),
+    "streamPath": st.sampled_from(["/agents/a/one", "/integrations/x", "/other", "", "agents/bad", 3]),
+    "appendId": st.just("from-the-client"),
+    "extra": st.just(1),
+}
+BODIES = st.one_of(
+    st.fixed_dictionaries({}, optional=FIELDS),
+    st.sampled_from([[], "text", None, 3]),
+)
+
+
+def full_route_line(claims: Claims, body: Any) -> Ready | Problem:
+    """What an NDJSON line answers when validated as a line first, then as a command."""
+    try:
+        line = BatchLine.model_validate(body)
+    except ValidationError as error:
+        kind = body.get("type") if isinstance(body, dict) and isinstance(body.get("type"), str) else None
+        return Problem(400, "invalid_command", describe_validation_error(error, kind))
+    return prepare_command(claims, line.model_dump(exclude_none=True), APPEND_ID, TOPICS, LIMITS)
+
+
+def full_route_submission(claims: Claims, path: str, body: Any) -> Ready | Problem:
+    try:
+        submission = EventSubmission.model_validate(body)
+    except ValidationError as error:
+        kind = body.get("type") if isinstance(body, dict) and isinstance(body.get("type"), str) else None
+        return Problem(400, "invalid_command", describe_validation_error(error, kind))
+    raw = {**submission.model_dump(exclude_none=True), "streamPath": path}
+    return prepare_command(claims, raw, APPEND_ID, TOPICS, LIMITS)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(CLAIMS), BODIES)
+def test_7_1_a_line_validated_once_answers_exactly_as_the_full_route(claims: Claims, body: Any) -> None:
+    assert prepare_line(claims, body, APPEND_ID, TOPICS, LIMITS) == full_route_line(claims, body)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(CLAIMS), st.sampled_from(["/agents/a/one", "/integrations/x", "/bad path"]), BODIES)
+def test_7_1_a_submission_validated_once_answers_exactly_as_the_full_route(
+    claims: Claims, path: str, body: Any
+) -> None:
+    got = prepare_submission(claims, path, body, APPEND_ID, TOPICS, LIMITS)
+    assert got == full_route_submission(claims, path, body)
+
+
+def test_7_1_a_line_naming_its_own_append_id_is_refused_as_the_line_schema_says() -> None:
+    body = {"streamPath": "/agents/a/one", "type": CONTEXT_ADDED, "payload": {"role": "user", "content": "hi"}}
+    answer = prepare_line(CLAIMS[0], {**body, "appendId": "mine"}, APPEND_ID, TOPICS, LIMITS)
+    assert isinstance(answer, Problem) and answer.error == "invalid_command" and "appendId" in answer.detail
+    accepted = prepare_line(CLAIMS[0], body, APPEND_ID, TOPICS, LIMITS)
+    assert isinstance(accepted, Ready) and accepted.append_id == APPEND_ID and b'"userId":"u1"' in accepted.value
