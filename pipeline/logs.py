@@ -14,7 +14,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,11 +121,27 @@ def setup_logging(settings: Settings) -> None:
     limit_repeated_kafka_failures(settings.log_repeat_interval_s)
 
 
-def faust_worker(app: Any, settings: Settings) -> Any:
+def faust_worker(app: Any, settings: Settings, topics: Sequence[str]) -> Any:
     """Faust's Worker for `app` (the journal worker, the router): quiet, no spinner, Kafka
     connection-failure repeats limited. Faust replaces the root logger's handlers with its own when
-    it starts, so the limit goes on those."""
+    it starts, so the limit goes on those.
+
+    First, Kafka must answer and hold `topics` with the configured partition count: otherwise the
+    process exits 3 with one line saying what to fix, as the other workers do, instead of Faust's
+    traceback (docs/usage.md, exit codes)."""
     from faust.worker import Worker
+
+    from pipeline import exit_codes
+    from topics.admin import KafkaSetupError, require_topics
+
+    try:
+        require_topics(
+            settings.bootstrap_servers, topics, settings.partitions, client_config=settings.kafka_client_config()
+        )
+    except KafkaSetupError as error:
+        logging.getLogger("agentstream").error("%s cannot start: %s", app.conf.id, error)
+        logging.shutdown()
+        raise SystemExit(exit_codes.KAFKA) from None
 
     class AgentstreamFaustWorker(Worker):
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:

@@ -269,5 +269,6 @@ def run(settings: Settings) -> None:
     if settings.router_metrics_port:
         start_http_server(settings.router_metrics_port, addr=settings.metrics_host)
     app = build_app(settings)
-    worker = faust_worker(app, settings)
+    names = topic_names(settings.topic_prefix)
+    worker = faust_worker(app, settings, (names.journal, names.appends))
     worker.execute_from_commandline()

@@ -344,5 +344,7 @@ def run(settings: Settings) -> None:
     setup_logging(settings)
     metrics.serve(settings.metrics_port, settings.metrics_host)
     app = build_app(settings)
-    worker = faust_worker(app, settings)
+    names = topic_names(settings.topic_prefix)
+    needed = (names.appends, names.internal_appends, names.journal, names.results, names.llm_requests)
+    worker = faust_worker(app, settings, (*needed, names.dlq, names.script_runs, names.journal_owners))
     worker.execute_from_commandline()

@@ -64,3 +64,23 @@ def test_wrong_bootstrap_server_is_one_line_not_librdkafka_noise(tmp_path: Path)
     assert "rdkafka" not in result.stderr and "%3|" not in result.stderr
     assert "cannot reach Kafka" in result.stderr and "AGENTSTREAM_BOOTSTRAP_SERVERS" in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("worker", ["journal", "router"])
+def test_a_faust_worker_without_kafka_exits_3_with_one_line_not_a_traceback(worker: str, tmp_path: Path) -> None:
+    """The journal worker and the router check Kafka and their topics before Faust starts, as the
+    caller and the capability host do (docs/usage.md, "Exit codes": 3)."""
+    env = {
+        **os.environ,
+        "AGENTSTREAM_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "AGENTSTREAM_DATA_DIR": str(tmp_path),
+        "AGENTSTREAM_METRICS_PORT": "0",
+        "AGENTSTREAM_ROUTER_METRICS_PORT": "0",
+    }
+    result = subprocess.run(
+        [str(BIN / "agentstream"), "worker", worker], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == exit_codes.KAFKA, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "rdkafka" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot start: cannot reach Kafka" in lines[0], result.stderr[-2000:]
