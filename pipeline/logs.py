@@ -148,8 +148,37 @@ def faust_worker(app: Any, settings: Settings, topics: Sequence[str]) -> Any:
             super().on_setup_root_logger(logger, level)
             limit_repeated_kafka_failures(settings.log_repeat_interval_s)
 
+        def _schedule_shutdown(self, signal: Any) -> None:
+            first = not self._signal_stop_time
+            super()._schedule_shutdown(signal)
+            if first:
+                _exit_unless_stopped_within(settings.worker_stop_timeout_s, app.conf.id)
+
     worker = AgentstreamFaustWorker(app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     # Faust's terminal spinner sets the root logger to DEBUG so it can spin on every record: every
     # debug call of aiokafka and Faust then builds a LogRecord (measured: ~14% of the worker's CPU).
     worker.spinner = None
     return worker
+
+
+def _exit_unless_stopped_within(timeout_s: float, name: str) -> None:
+    """Faust's stop leaves its consumer thread waiting on the group coordinator while Kafka is
+    unreachable, and the process then never ends. Past `timeout_s` it ends as a crash would: what
+    was committed is in Kafka and in the rows, and the next start recovers from there."""
+    import os
+
+    from pipeline import exit_codes
+
+    def expire() -> None:
+        logging.getLogger("agentstream").error(
+            "%s did not stop within %gs (AGENTSTREAM_WORKER_STOP_TIMEOUT_S; is Kafka reachable?): exiting now; "
+            "the next start recovers from the committed rows and the journal",
+            name,
+            timeout_s,
+        )
+        logging.shutdown()
+        os._exit(exit_codes.FATAL)
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True  # a stop that ends in time ends the process, timer and all
+    timer.start()

@@ -67,6 +67,15 @@ class Settings(BaseModel):
         float,
         Field(ge=6, description="Consumer session timeout: how soon a dead worker's partitions move (broker min 6 s)."),
     ] = 10.0
+    worker_stop_timeout_s: Annotated[
+        float,
+        Field(
+            gt=0,
+            description="Journal worker and router: how long a stop (SIGTERM, SIGINT) may take before the process "
+            "exits anyway, as after a crash (a stop can wait on Kafka forever while it is unreachable); keep it "
+            "below the pod's termination grace period.",
+        ),
+    ] = 25.0
     transactions: Annotated[
         bool,
         Field(

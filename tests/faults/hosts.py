@@ -33,6 +33,7 @@ KAFKA_PORT = 9092
 GATEWAY_PORT = 8080
 PARTITIONS = 4
 SESSION_TIMEOUT_S = 6.0
+WORKER_STOP_TIMEOUT_S = 8.0  # a stop that waits on unreachable Kafka ends this soon (docs/operations.md)
 
 
 def _alive(pid: int | None) -> bool:
@@ -218,6 +219,7 @@ class Cluster:
             app_id=f"agentstream-fault-{self.tag}",
             caller_group=f"agentstream-fault-caller-{self.tag}",
             session_timeout_s=SESSION_TIMEOUT_S,
+            worker_stop_timeout_s=WORKER_STOP_TIMEOUT_S,
             openai_base_url=model_url,
             openai_api_key="sk-fault-harness",
             llm_transport="openai-compatible",

@@ -7,13 +7,16 @@ own figures in the soak.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tests.faults.hosts import SESSION_TIMEOUT_S
+from tests.faults.hosts import SESSION_TIMEOUT_S, WORKER_STOP_TIMEOUT_S, Proc
 
 if TYPE_CHECKING:
     from tests.faults.run import Harness
@@ -87,8 +90,28 @@ def cut_journal_worker(harness: Harness, rng: random.Random, timings: Timings) -
     harness.history.add("nemesis", f"partition journal worker {worker.name} for {timings.cut_s:g}s")
     harness.network.partition(worker.host)
     time.sleep(timings.cut_s)
+    _stop_while_cut_off(harness, worker)
     harness.network.heal(worker.host)
     return harness.history.add("nemesis", f"healed {worker.name}")
+
+
+def _stop_while_cut_off(harness: Harness, worker: Proc) -> None:
+    """A supervisor stops a worker that cannot reach Kafka (a node drained during an outage): it must
+    end within its stop timeout, not hang on the group coordinator (docs/operations.md)."""
+    process = worker.process
+    if process is None or process.poll() is not None:
+        return
+    limit = WORKER_STOP_TIMEOUT_S + 10
+    began = time.monotonic()
+    harness.history.add("nemesis", f"SIGTERM {worker.name} while it is cut off")
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        code = process.wait(limit)
+    except subprocess.TimeoutExpired:
+        harness.problem(f"{worker.name} did not stop within {limit:g}s of SIGTERM while cut off from Kafka")
+        worker.kill()
+        return
+    harness.history.add("nemesis", f"{worker.name} stopped in {time.monotonic() - began:.1f}s (exit {code})")
 
 
 def cut_caller(harness: Harness, rng: random.Random, timings: Timings) -> float:
