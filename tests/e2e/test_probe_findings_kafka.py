@@ -14,7 +14,6 @@ import ipaddress
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -30,6 +29,7 @@ from confluent_kafka.admin import AdminClient
 from pipeline.settings import Settings
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, STREAM_ERROR_OCCURRED
 from tests.kafka_stack import BIN, BOOTSTRAP, REPO, Stack, ensure_broker, wait_until
+from tests.support.ports import free_port
 from topics.admin import ensure_topics
 from topics.names import topic_specs
 
@@ -122,12 +122,6 @@ READY = {
 # `[2026-01-01 10:00:00,123] [4242] [ERROR] text` (Faust: the journal worker, the router).
 LOG_LINE = re.compile(r"^\[?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\]? (?:\[\d+\] )?\[?(ERROR|CRITICAL)\]? (.*)$")
 SUMMARY = re.compile(r" \(\d+ similar in the last \d+ s\)$")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def error_kinds(log: str) -> tuple[Counter[str], int]:

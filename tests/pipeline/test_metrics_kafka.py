@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 from pathlib import Path
 
@@ -11,15 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import CONTEXT_ADDED, TOKEN_USAGE_REPORTED
 from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.support.ports import free_port
 from tests.support.scripted_llm import Reply, ScriptedLLM
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

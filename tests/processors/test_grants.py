@@ -27,7 +27,7 @@ from schemas.capabilities import ScriptGrants
 from schemas.config import AgentConfig, AgentGrants, ConfigPatch, merge_config
 from schemas.events import CONTEXT_ADDED, AppendCommand
 from schemas.routing import AGENT_SUBSCRIBED
-from tests.journal import Journal
+from tests.support.journal_builder import Journal
 
 # --- an in-memory journal behind the host's reader and client ----------------------------------------
 

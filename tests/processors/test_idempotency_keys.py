@@ -13,7 +13,7 @@ from processors import idempotency_keys as keys
 from processors.routing import routable
 from processors.scheduler import decide
 from schemas.events import AppendCommand
-from tests.journal import Journal
+from tests.support.journal_builder import Journal
 
 
 def test_every_key_shape_is_pinned() -> None:

@@ -40,7 +40,7 @@ from schemas.events import (
     decode_event,
 )
 from schemas.requests import TRANSPORTS, Message
-from tests.journal import DONT_TRIGGER, Journal
+from tests.support.journal_builder import DONT_TRIGGER, Journal
 from tests.support.journal_strategy import ACTORS, BLOBS, CONTENTS, FILE, KEYS, PROPERTY_SETTINGS, journals
 
 

@@ -12,7 +12,7 @@ from processors.render import projection_json, turn_json
 from processors.state import AgentState
 from schemas.context import ContextItem
 from schemas.events import decode_event
-from tests.journal import DONT_TRIGGER, INTERRUPT, Journal
+from tests.support.journal_builder import DONT_TRIGGER, INTERRUPT, Journal
 
 PROMPT = "agent/system-prompt"
 

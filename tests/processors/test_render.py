@@ -31,7 +31,7 @@ from processors.render import (
 from processors.state import AgentState
 from schemas.context import ContextItem
 from schemas.requests import MAX_MESSAGES_BYTES, MAX_RECORD_BYTES, TRANSPORTS
-from tests.journal import DONT_TRIGGER, Journal
+from tests.support.journal_builder import DONT_TRIGGER, Journal
 
 HEADER_EXAMPLE = (
     '@81 key="github/review-task" updates=@17 actor=github:"octocat" refs=["/integrations/github/install-789@240"]'

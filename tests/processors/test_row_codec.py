@@ -19,8 +19,8 @@ from processors.state import AgentState, Lane, OpenRequest, PendingTrigger, Scri
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
-from tests.journal import Journal
 from tests.support.engine_harness import NAMES, PATH, EngineHarness, user
+from tests.support.journal_builder import Journal
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from tests.support.journal_strategy import PROPERTY_SETTINGS, journals
 from tests.support.row_store import state_view

@@ -8,7 +8,7 @@ from processors.scheduler import backoff_ms, breaker_reason, decide, stale_expir
 from processors.state import AgentState
 from schemas import events as ev
 from schemas.events import AppendCommand
-from tests.journal import Journal
+from tests.support.journal_builder import Journal
 
 DEFAULT_MODEL = "default-model"
 

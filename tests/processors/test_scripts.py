@@ -35,7 +35,7 @@ from schemas.capabilities import (
     SucceededSettlement,
 )
 from schemas.events import CONTEXT_ADDED, worker_only_reason
-from tests.journal import Journal
+from tests.support.journal_builder import Journal
 
 # --- extraction --------------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from processors.files import blob_path, file_url, sniff_content_type
-from tests.journal import AFTER_CURRENT, DONT_TRIGGER, INTERRUPT, Journal
 from tests.support.files import pdf, png, zip_bomb
+from tests.support.journal_builder import AFTER_CURRENT, DONT_TRIGGER, INTERRUPT, Journal
 
 PROPERTY_SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]

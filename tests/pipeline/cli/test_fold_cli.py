@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.journal import DONT_TRIGGER, Journal
+from tests.support.journal_builder import DONT_TRIGGER, Journal
 
 AGENTSTREAM = Path(sys.executable).parent / "agentstream"
 PROMPT = "agent/system-prompt"

@@ -24,16 +24,11 @@ import pytest
 from schemas.events import CONTEXT_ADDED
 from tests.gateway_server import Reply, Tokens, request
 from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class GatewayProcess:

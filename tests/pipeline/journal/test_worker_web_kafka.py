@@ -16,14 +16,9 @@ import pytest
 
 from schemas.events import CONTEXT_ADDED
 from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, bytes]:

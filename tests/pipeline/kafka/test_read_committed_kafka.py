@@ -34,8 +34,8 @@ from pipeline.journal.replay_store import open_output
 from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges, read_ranges_async, watermarks
-from tests.journal import Journal
 from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, consumer_config, ensure_broker, wait_until
+from tests.support.journal_builder import Journal
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 

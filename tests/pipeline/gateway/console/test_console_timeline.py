@@ -16,7 +16,7 @@ from pipeline.gateway.console.timeline import (
 )
 from pipeline.settings import Settings
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
-from tests.journal import Journal
+from tests.support.journal_builder import Journal
 
 T = 1_780_000_000_000  # an epoch ms to count from
 
