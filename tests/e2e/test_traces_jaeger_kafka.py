@@ -243,6 +243,9 @@ def test_8_a_routed_event_starts_a_trace_of_its_own_linked_to_its_sources(env: E
     env.stack.start_router()  # TracedStack: it exports too
     source = f"/integrations/traces/{uuid.uuid4().hex[:8]}"
     subscriber = env.stack.client.agents.create()
+    # Its birth must be journaled before the gateway's subscribe, which another producer sends.
+    birth = env.stack.client.streams.get(subscriber.path)
+    wait_until(lambda: len(birth.events()) >= 2, 60, "the subscriber's birth journaled")
 
     def append(path: str, event_type: str, payload: dict[str, Any], traceparent: str | None = None) -> int:
         headers = {"traceparent": traceparent} if traceparent else None
