@@ -8,6 +8,17 @@ import sys
 import pytest
 
 _exit_status: list[int] = []
+_broker_up: list[bool] = []
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which may start workers
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `kafka` talks to the local broker: start it, once per run, unless it answers."""
+    if not _broker_up and item.get_closest_marker("kafka") is not None:
+        from tests.kafka_stack import ensure_broker
+
+        ensure_broker()
+        _broker_up.append(True)
 
 
 @pytest.hookimpl(trylast=True)

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 
 from pipeline.settings import Settings
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_REQUESTED, STREAM_ERROR_OCCURRED
-from tests.kafka_stack import BIN, BOOTSTRAP, REPO, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BIN, BOOTSTRAP, REPO, Stack, wait_until
 from tests.support.ports import free_port
 from topics.admin import ensure_topics
 from topics.names import topic_specs
@@ -57,7 +57,6 @@ def raw_controls(output: bytes, allowed: str = "\n") -> set[str]:
 
 
 def test_finding_7_cli_escapes_control_characters(tmp_path: Path) -> None:
-    ensure_broker()
     stack = Stack(tmp_path / "data", partitions=2)
     try:
         stack.start_worker()
@@ -257,7 +256,6 @@ def scrape(port: int) -> bytes:
 
 
 def test_finding_9c_metrics_ports_listen_on_loopback_unless_configured(tmp_path: Path) -> None:
-    ensure_broker()
     ports = {kind: free_port() for kind in ("journal", "caller", "router", "capabilities", "gateway")}
     stack = Stack(
         tmp_path / "data",

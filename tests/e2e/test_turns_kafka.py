@@ -49,7 +49,7 @@ from schemas.events import (
     TOKEN_USAGE_REPORTED,
 )
 from schemas.requests import COMPACTION_INSTRUCTION, MAX_RECORD_BYTES
-from tests.kafka_stack import REPO, Stack, ensure_broker, wait_until
+from tests.kafka_stack import REPO, Stack, wait_until
 from tests.support.scripted_llm import (
     Fail,
     Hang,
@@ -217,7 +217,6 @@ def _close(stack: Stack) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(
         tmp_path_factory.mktemp("turns"),
         openai_base_url=llm.base_url,
@@ -894,7 +893,6 @@ def embedded_model() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def model_stack(tmp_path_factory: pytest.TempPathFactory, embedded_model: str) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(
         tmp_path_factory.mktemp("model"),
         openai_base_url=embedded_model,

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from tests.kafka_stack import BOOTSTRAP, ensure_broker
+from tests.kafka_stack import BOOTSTRAP
 from topics.admin import TopicMismatchError, delete_topics, ensure_topics
 from topics.names import journal_worker_topic_specs, topic_specs
 
@@ -26,7 +26,6 @@ def test_every_declared_topic_carries_the_replication_factor() -> None:
 
 @pytest.mark.kafka
 def test_ensure_refuses_a_topic_with_another_replication_factor() -> None:
-    ensure_broker()
     prefix = f"rf{uuid.uuid4().hex[:6]}-"
     specs = topic_specs(prefix, 2, 1) + journal_worker_topic_specs(f"{prefix}app", 2, 1)
     try:

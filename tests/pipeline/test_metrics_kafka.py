@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import CONTEXT_ADDED, TOKEN_USAGE_REPORTED
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from tests.support.ports import free_port
 from tests.support.scripted_llm import Reply, ScriptedLLM
 
@@ -40,7 +40,6 @@ def lags(samples: dict) -> dict[tuple[str, str], float]:
 
 
 def test_counters_move_after_a_turn(tmp_path: Path) -> None:
-    ensure_broker()
     journal_port, caller_port = free_port(), free_port()
     with ScriptedLLM() as llm:
         llm.script(Reply("hello back", usage=(120, 7)))

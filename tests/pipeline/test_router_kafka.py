@@ -23,7 +23,7 @@ from schemas.events import AGENT_CREATED, CONTEXT_ADDED
 from schemas.gateway import GITHUB_WEBHOOK_RECEIVED
 from schemas.routing import AGENT_SUBSCRIBED, AGENT_UNSUBSCRIBED
 from tests.gateway_server import PULL_REQUEST_OPENED, GatewayServer, Tokens, github_headers
-from tests.kafka_stack import BIN, BOOTSTRAP, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BIN, BOOTSTRAP, Stack, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -86,7 +86,6 @@ class RouterEnv:
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[RouterEnv]:
-    ensure_broker()
     stack = Stack(tmp_path / "data")
     stack.start_worker()
     app_id = f"agentstream-router-test-{uuid.uuid4().hex[:8]}"

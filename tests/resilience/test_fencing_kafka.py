@@ -38,7 +38,7 @@ from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import Stack, Worker, ensure_broker, read_committed, wait_until
+from tests.kafka_stack import Stack, Worker, read_committed, wait_until
 from tests.support.appender import RetryingAppender
 from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_text
 from tests.support.turns import audit_turns, journals, unanswered, user
@@ -90,7 +90,6 @@ def spawned() -> Iterator[list[Worker]]:
 
 @pytest.fixture
 def journal_stack(tmp_path: Path) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(tmp_path / "w0", partitions=PARTITIONS, log_level="INFO", session_timeout_s=SESSION_TIMEOUT_S)
     try:
         yield stack
@@ -238,7 +237,6 @@ def llm() -> Iterator[ScriptedLLM]:
 
 @pytest.fixture
 def turns_stack(tmp_path: Path, llm: ScriptedLLM) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(
         tmp_path / "data",
         partitions=PARTITIONS,

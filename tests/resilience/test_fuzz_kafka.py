@@ -53,7 +53,7 @@ from schemas.events import (
     STREAM_ERROR_OCCURRED,
     TOKEN_USAGE_REPORTED,
 )
-from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker
+from tests.kafka_stack import BOOTSTRAP, Stack
 from topics.headers import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
@@ -64,11 +64,6 @@ PARTITIONS = 2
 POOL = ["/fuzz/a", "/fuzz/b", "/fuzz/a/b", "/fuzz/A", "/fuzz/a.b", "/fuzz/x~y:z@w+v-u_t"]
 HOSTILE = ["\x00z4", "\n@9 actor=user:web", " ", "\u202e", "/", "/..", "//x", "\t", "\u0085", "\ud7ff", "é", ""]
 TAG = re.compile(r"<<(/[^>]*)>>")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

@@ -18,15 +18,10 @@ import pytest
 from pipeline.client import AppendRejected, Client, Receipt
 from processors import rows
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED
-from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BOOTSTRAP, Stack, wait_until
 from topics.headers import H_REASON
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

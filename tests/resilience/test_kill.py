@@ -44,7 +44,7 @@ from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, wait_until
 from topics.headers import H_APPEND_ID
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -59,11 +59,6 @@ TRICKLE_RATE = 25.0
 PAD = int(os.environ.get("AGENTSTREAM_KILL_PAD", "2500"))
 STREAMS = 50
 PARTITIONS = 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import Stack, Worker, ensure_broker, wait_until
+from tests.kafka_stack import Stack, Worker, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,11 +37,6 @@ APPENDS = int(os.environ.get("AGENTSTREAM_SCALE_APPENDS", "6000"))
 RATE = float(os.environ.get("AGENTSTREAM_SCALE_RATE", "300"))
 PARTITIONS = 6
 STREAMS = 60
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

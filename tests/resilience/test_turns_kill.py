@@ -34,7 +34,7 @@ import pytest
 from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from tests.support.scripted_llm import Reply, ScriptedLLM, last_user_text
 from tests.support.turns import audit_turns, journals, unanswered, user
 
@@ -62,7 +62,6 @@ def llm() -> Iterator[ScriptedLLM]:
 
 @pytest.fixture
 def stack(tmp_path: Path, llm: ScriptedLLM) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(
         tmp_path / "data",
         log_level="INFO",

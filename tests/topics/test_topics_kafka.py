@@ -8,16 +8,11 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from tests.kafka_stack import BOOTSTRAP, ensure_broker
+from tests.kafka_stack import BOOTSTRAP
 from topics.admin import TopicMismatchError, delete_topics, ensure_topics
 from topics.names import TopicSpec, topic_names, topic_specs
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from schemas.events import (
     parse_consumed_input,
 )
 from schemas.requests import COMPACTION_INSTRUCTION
-from tests.kafka_stack import BOOTSTRAP, REPO, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BOOTSTRAP, REPO, Stack, wait_until
 from tests.support.scripted_llm import (
     LLAMA_CPP_DEVELOPER_BODY,
     Drop,
@@ -124,7 +124,6 @@ def llm() -> Iterator[ScriptedLLM]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(tmp_path_factory.mktemp("caller"))
     try:
         yield stack
@@ -570,7 +569,6 @@ def test_stale_expired_and_unparsable_records_are_skipped(kit: tuple[Stack, Scri
 def test_rebalance_abandons_the_running_call_and_it_runs_again(tmp_path: Path, llm: ScriptedLLM) -> None:
     """A revoked partition's running call is abandoned after a grace (nothing appended, record not
     committed); when the partition is assigned again, to this caller, the call runs again."""
-    ensure_broker()
     stack = Stack(tmp_path / "data", partitions=2)
     settings = caller_settings(stack, llm, llm_timeout_s=30.0)
     caller = CallerThread(settings, rebalance_grace_s=1.0, session_timeout_ms=6000)
@@ -822,7 +820,6 @@ def test_restart_mid_call_neither_loses_nor_duplicates_the_settlement(tmp_path: 
     """At-least-once: a caller killed mid-call leaves the record uncommitted; the next caller repeats
     the call and appends the settlement once. A SIGTERM lets a running call finish and commits it,
     so the next caller does not repeat it."""
-    ensure_broker()
     stack = Stack(tmp_path / "data", partitions=2)
     settings = caller_settings(stack, llm, llm_timeout_s=30.0)
     log_path = tmp_path / "caller.log"

@@ -36,7 +36,7 @@ from schemas.events import (
     LLM_REQUEST_REQUESTED,
     LLM_REQUEST_SETTLED,
 )
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from tests.support.scripted_llm import Reply, ScriptedLLM, SlowStream
 from tests.support.tagged_model import SMALL_USAGE, TaggedReplies, received, request_text, script
 
@@ -120,7 +120,6 @@ def llm() -> Iterator[ScriptedLLM]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, llm: ScriptedLLM) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(
         tmp_path_factory.mktemp("capabilities"),
         openai_base_url=llm.base_url,

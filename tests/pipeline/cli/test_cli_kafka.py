@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BIN, Stack, wait_until
 from tests.support.cli import one_line
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -18,7 +18,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(tmp_path_factory.mktemp("cli") / "data", partitions=2)
     stack.start_worker()
     try:

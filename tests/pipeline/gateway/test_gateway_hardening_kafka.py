@@ -23,7 +23,7 @@ import pytest
 
 from schemas.events import CONTEXT_ADDED
 from tests.gateway_server import Reply, Tokens, request
-from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BIN, Stack, wait_until
 from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -103,7 +103,6 @@ class GatewayProcess:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(tmp_path_factory.mktemp("gateway-hardening") / "data", partitions=2)
     try:
         yield stack

@@ -28,7 +28,7 @@ from tests.gateway_server import (
     request,
     slack_headers,
 )
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from topics.headers import H_APPEND_ID
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
@@ -61,7 +61,6 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    ensure_broker()
     root = tmp_path_factory.mktemp("gateway")
     stack = Stack(root / "data")
     stack.start_worker()

@@ -15,15 +15,10 @@ from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED, STREAM_ERROR_OCCURRED
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from topics.headers import H_REASON
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from schemas.events import (
     LLM_REQUEST_SETTLED,
     TOKEN_USAGE_REPORTED,
 )
-from tests.kafka_stack import BIN, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BIN, Stack, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 
@@ -105,7 +105,6 @@ def write_stream(stack: Stack, path: str) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(tmp_path_factory.mktemp("replay") / "data", partitions=PARTITIONS)
     stack.start_worker()
     try:

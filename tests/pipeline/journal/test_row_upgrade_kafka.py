@@ -20,18 +20,13 @@ from pipeline.journal.replay_verify import verify
 from pipeline.journal.worker import ROWS_TABLE
 from processors import row_codec, rows
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import BOOTSTRAP, Stack, ensure_broker, wait_until
+from tests.kafka_stack import BOOTSTRAP, Stack, wait_until
 from tests.support.engine_harness import user
 from tests.support.row_store import stored_rows
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
 PARTITIONS = 2
-
-
-@pytest.fixture(scope="module", autouse=True)
-def broker() -> None:
-    ensure_broker()
 
 
 @pytest.fixture

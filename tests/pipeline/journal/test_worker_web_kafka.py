@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from schemas.events import CONTEXT_ADDED
-from tests.kafka_stack import Stack, ensure_broker, wait_until
+from tests.kafka_stack import Stack, wait_until
 from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
@@ -42,7 +42,6 @@ def non_loopback_address() -> str | None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(
         tmp_path_factory.mktemp("web") / "data", partitions=2, worker_port=free_port(), metrics_port=free_port()
     )

@@ -34,7 +34,7 @@ from pipeline.journal.replay_store import open_output
 from pipeline.kafka.journal_reader import JournalReader
 from pipeline.kafka.partitioner import partition_for
 from pipeline.kafka.read import read_ranges, read_ranges_async, watermarks
-from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, consumer_config, ensure_broker, wait_until
+from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, consumer_config, wait_until
 from tests.support.journal_builder import Journal
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -54,7 +54,6 @@ def journal_values(contents: list[str]) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    ensure_broker()
     stack = Stack(tmp_path_factory.mktemp("read-committed") / "data", partitions=PARTITIONS)
     topics = stack.client.topics
     partition = partition_for(PATH, PARTITIONS)
