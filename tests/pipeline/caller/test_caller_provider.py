@@ -1,8 +1,8 @@
 """The caller's provider call (`pipeline/caller/provider.py`) against the scripted OpenAI-compatible
 server, without a broker (docs/behaviour.md §3.2, §4.3, §4.4, §4.5).
 
-The provider sends its own rendered body through the openai client's `post`; the first tests hold
-it to what `chat.completions.create` would have sent, header for header and field for field.
+The provider sends its own rendered body in one aiohttp POST; the first tests hold it to what
+`chat.completions.create` would have sent, header for header and field for field.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def run_sdk(llm: ScriptedLLM, call: Callable[[AsyncOpenAI], Awaitable[Any]]) -> 
     asyncio.run(main())
 
 
+def named(headers: dict[str, str]) -> dict[str, str]:
+    """Headers by lower-case name: HTTP header names are case-insensitive."""
+    return {name.lower(): value for name, value in headers.items()}
+
+
 def limit(transport: Transport) -> dict[str, int]:
     return {"max_completion_tokens" if transport == "openai" else "max_tokens": MAX_TOKENS}
 
@@ -106,7 +111,7 @@ def test_a_streamed_call_sends_what_create_would_send(llm: ScriptedLLM, transpor
         ),
     )
     ours, sdks = llm.records
-    assert ours.headers == sdks.headers
+    assert named(ours.headers) == named(sdks.headers)
     assert ours.body == sdks.body
     assert ours.headers["Authorization"] == f"Bearer {API_KEY}"
     assert ours.headers["Content-Type"] == "application/json"
@@ -124,7 +129,7 @@ def test_a_whole_completion_sends_what_create_would_send(llm: ScriptedLLM, trans
     run(llm, lambda p: p.complete("m-2", transport, WIRE))
     run_sdk(llm, lambda sdk: sdk.chat.completions.create(model="m-2", messages=WIRE, **limit(transport)))
     ours, sdks = llm.records
-    assert ours.headers == sdks.headers
+    assert named(ours.headers) == named(sdks.headers)
     assert ours.body == sdks.body == {"model": "m-2", "messages": WIRE, **limit(transport)}
     assert not ours.stream
 
