@@ -49,6 +49,7 @@ import yaml  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
+from bench.turns import process_cpu_s  # noqa: E402
 from pipeline.gateway.kafka import producer_config  # noqa: E402
 from pipeline.gateway.tokens import hash_token, new_token  # noqa: E402
 from pipeline.kafka.read import consume_ready, watermarks  # noqa: E402
@@ -164,6 +165,7 @@ class Bench:
         bodies = [
             b"\n".join(orjson.dumps(line) for line in lines[i : i + BATCH_LINES]) for i in range(0, n, BATCH_LINES)
         ]
+        cpu_per_line: list[float] = []  # the gateway process's CPU seconds per line, each round
 
         async def gateway_round() -> float:
             queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -182,9 +184,12 @@ class Bench:
                         assert r.status == 200 and result["failed"] == 0, result
                         accepted += result["accepted"]
 
-            started = time.perf_counter()
+            started, cpu_before = time.perf_counter(), process_cpu_s(gateway.process.pid)
             await asyncio.gather(sender(), sender())
-            return accepted / (time.perf_counter() - started)
+            elapsed, cpu_after = time.perf_counter() - started, process_cpu_s(gateway.process.pid)
+            if cpu_before is not None and cpu_after is not None:
+                cpu_per_line.append((cpu_after - cpu_before) / accepted)
+            return accepted / elapsed
 
         # The same commands as the gateway writes them (actor stamped, append id), straight to Kafka.
         producer = Producer(producer_config(stack.settings))
@@ -229,6 +234,11 @@ class Bench:
         )
         self.rows.append(("  rounds", ", ".join(f"{rate:,.0f}" for rate in raw_rates)))
         self.rows.append(("batch ingestion / raw producer", f"{gateway_rate / raw_rate:.3f}"))
+        if cpu_per_line:
+            # Steadier than a rate on a shared machine: what the gateway spends, whoever else runs.
+            self.rows.append(
+                ("gateway CPU per NDJSON line, each round (µs)", ", ".join(f"{t * 1e6:.1f}" for t in cpu_per_line))
+            )
 
     # 2. single-event POSTs -----------------------------------------------------------------------
 
@@ -251,10 +261,14 @@ class Bench:
                     await reply.read()
                     statuses[reply.status] = statuses.get(reply.status, 0) + 1
 
-        started = time.perf_counter()
+        started, cpu_before = time.perf_counter(), process_cpu_s(gateway.process.pid)
         await asyncio.gather(*(client(i) for i in range(clients)))
-        saturation = statuses.get(202, 0) / (time.perf_counter() - started)
+        elapsed, cpu_after = time.perf_counter() - started, process_cpu_s(gateway.process.pid)
+        saturation = statuses.get(202, 0) / elapsed
         self.rows.append((f"single-event POST at saturation ({clients} connections; requests/s)", f"{saturation:,.0f}"))
+        if cpu_before is not None and cpu_after is not None:
+            cpu_per_request = (cpu_after - cpu_before) / sum(statuses.values())
+            self.rows.append(("gateway CPU per single-event POST at saturation (µs)", f"{cpu_per_request * 1e6:.0f}"))
         if set(statuses) != {202}:
             self.rows.append(("  statuses at saturation", str(statuses)))
 

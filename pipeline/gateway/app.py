@@ -28,8 +28,13 @@ from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import (
     Limits,
+    LineResult,
     Problem,
     Ready,
+    accepted_line,
+    batch_answer,
+    journaled_line,
+    line_error,
     parse_json,
     prepare_command,
     prepare_line,
@@ -55,9 +60,6 @@ from processors.gate import Claims
 from schemas.gateway import (
     Accepted,
     BatchLine,
-    BatchLineAccepted,
-    BatchLineError,
-    BatchLineJournaled,
     BatchResults,
     Challenge,
     ErrorBody,
@@ -174,7 +176,7 @@ def build_app(
             metrics.REFUSALS.labels("size").inc()
             raise ApiError(Problem(413, "too_large", f"{len(lines)} lines, over {MAX_BATCH_LINES} per batch"))
         gateway.require_kafka(wait)
-        return json_response(await _batch(gateway, claims, lines, wait))
+        return Response(await _batch(gateway, claims, lines, wait), media_type="application/json")
 
     @app.post(
         "/v1/streams/{path:path}/events",
@@ -298,9 +300,13 @@ async def _webhook_append(gateway: Gateway, raw: dict[str, Any], status: int) ->
     return json_response(Accepted(streamPath=ready.stream_path, appendId=ready.append_id), status)
 
 
-async def _batch(gateway: Gateway, claims: Claims, lines: list[tuple[int, bytes]], wait: bool) -> BatchResults:
-    results: list[BatchLineJournaled | BatchLineAccepted | BatchLineError] = []
-    pending: list[tuple[int, Ready, asyncio.Future[None], asyncio.Future[AppendOutcome] | None]] = []
+async def _batch(gateway: Gateway, claims: Claims, lines: list[tuple[int, bytes]], wait: bool) -> bytes:
+    """Every line prepared, then all produced in one burst (librdkafka batches them as the raw
+    producer's, instead of one small batch per few lines), with one tally of Kafka's
+    acknowledgements for all of them; the answer (`BatchResults`) once each is acknowledged (or
+    journaled, with `wait`)."""
+    results: list[LineResult] = []
+    prepared: list[tuple[int, Ready]] = []
     for number, line in lines:
         decoded = parse_json(line)
         ready = (
@@ -311,42 +317,44 @@ async def _batch(gateway: Gateway, claims: Claims, lines: list[tuple[int, bytes]
         if isinstance(ready, Problem):
             if ready.rule is not None:
                 metrics.REFUSALS.labels(ready.rule).inc()
-            results.append(_line_error(number, ready))
-            continue
+            results.append(line_error(number, ready))
+        else:
+            prepared.append((len(results), ready))
+            results.append(accepted_line(number, ready))
+    pending: list[tuple[int, Ready, asyncio.Future[AppendOutcome] | None]] = []
+    acks = gateway.producer.acknowledgements()
+    to_internal = 0
+    for index, ready in prepared:
         outcome = gateway.results.expect(ready.append_id) if wait else None
         try:
-            delivery = gateway.submit(ready)
+            gateway.submit_into(acks, index, ready)
         except ApiError as error:
             gateway.results.forget(ready.append_id)
-            results.append(_line_error(number, error.problem))
+            results[index] = line_error(results[index]["line"], error.problem)
             continue
-        results.append(BatchLineAccepted(line=number, streamPath=ready.stream_path, appendId=ready.append_id))
-        pending.append((len(results) - 1, ready, delivery, outcome))
-    await asyncio.gather(*(delivery for _, _, delivery, _ in pending), return_exceptions=True)
-    waiting = [outcome for _, _, delivery, outcome in pending if outcome is not None and delivery.exception() is None]
+        to_internal += ready.topic == gateway.topics.internal_appends
+        pending.append((index, ready, outcome))
+    gateway.count_produced(internal=False, commands=len(pending) - to_internal)
+    gateway.count_produced(internal=True, commands=to_internal)
+    acks.seal()
+    await acks.done
+    waiting = [outcome for index, _, outcome in pending if outcome is not None and index not in acks.failures]
     if waiting:
         await asyncio.wait(waiting, timeout=gateway.settings.gateway_wait_timeout_s)
-    for index, ready, delivery, outcome in pending:
-        number = results[index].line
+    for index, ready, outcome in pending:
+        number = results[index]["line"]
         gateway.results.forget(ready.append_id)
-        error = delivery.exception()
+        error = acks.failures.get(index)
         if error is not None:
-            results[index] = _line_error(number, Problem(503, "kafka_unavailable", str(error)))
+            results[index] = line_error(number, Problem(503, "kafka_unavailable", str(error)))
         elif outcome is not None:
             done = outcome.result() if outcome.done() else None
             answer = gateway.timeout_problem(ready) if done is None else journaled(done)
             if isinstance(answer, Problem):
-                results[index] = _line_error(number, answer)
+                results[index] = line_error(number, answer)
             else:
-                results[index] = BatchLineJournaled(line=number, **answer.model_dump())
-    failed = sum(isinstance(result, BatchLineError) for result in results)
-    return BatchResults(accepted=len(results) - failed, failed=failed, results=results)
-
-
-def _line_error(number: int, problem: Problem) -> BatchLineError:
-    return BatchLineError(
-        line=number, status=problem.status, error=problem.error, detail=problem.detail, rule=problem.rule
-    )
+                results[index] = journaled_line(number, answer)
+    return batch_answer(results)
 
 
 def _exception_handlers(app: FastAPI) -> None:

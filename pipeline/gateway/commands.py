@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from pipeline.client.prepare import Unfit, prepare_append
 from processors.gate import Claims, Origin
 from schemas.events import describe_validation_error
-from schemas.gateway import BatchLine, EventSubmission
+from schemas.gateway import BatchLine, BatchLineError, BatchLineJournaled, EventSubmission, Journaled
 from topics.names import TopicNames
 
 
@@ -115,6 +115,41 @@ def _validated_once(
     if isinstance(ready, Problem) and ready.error == "invalid_command":
         return None
     return ready
+
+
+# --- the NDJSON batch's answer ------------------------------------------------------------------
+# A batch answers up to 10 000 lines: each result is the dict `model_dump(exclude_none=True)` of its
+# `schemas.gateway` model gives (an accepted line, the common one, built directly: a model per
+# line cost more than preparing it), serialised once (tests/pipeline/gateway/test_commands.py
+# checks the bytes against `BatchResults`).
+
+LineResult = dict[str, Any]
+
+
+def accepted_line(number: int, ready: Ready) -> LineResult:
+    """`BatchLineAccepted`: its fields in the model's order."""
+    return {"streamPath": ready.stream_path, "appendId": ready.append_id, "line": number}
+
+
+def journaled_line(number: int, answer: Journaled) -> LineResult:
+    return BatchLineJournaled(line=number, **answer.model_dump()).model_dump(exclude_none=True)
+
+
+def line_error(number: int, problem: Problem) -> LineResult:
+    error = BatchLineError(
+        line=number, status=problem.status, error=problem.error, detail=problem.detail, rule=problem.rule
+    )
+    return error.model_dump(exclude_none=True)
+
+
+def is_line_error(result: LineResult) -> bool:
+    return "error" in result
+
+
+def batch_answer(results: list[LineResult]) -> bytes:
+    """`BatchResults` as JSON, from each line's result in line order."""
+    failed = sum(map(is_line_error, results))
+    return orjson.dumps({"accepted": len(results) - failed, "failed": failed, "results": results})
 
 
 def _problem(unfit: Unfit) -> Problem:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -65,7 +66,7 @@ class CommandProducer:
         self._producer = Producer({**producer_config(settings), "error_cb": self._on_error})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
-        self._delivered: list[tuple[asyncio.Future[None], KafkaError | None]] = []
+        self._delivered: list[tuple[asyncio.Future[None] | Acknowledgements, int, KafkaError | None]] = []
         self._reachable = False
         self.problem = "not connected to Kafka yet"
         self._threads = [
@@ -93,15 +94,37 @@ class CommandProducer:
         Raises at once: KafkaUnavailable while the broker is unreachable, Saturated when the
         producer's queue is full.
         """
-        if not self._reachable:
-            raise KafkaUnavailable(f"Kafka is unavailable: {self.problem}")
         loop = self._loop
         assert loop is not None, "CommandProducer.start() first"
         future: asyncio.Future[None] = loop.create_future()
 
         def delivered(error: KafkaError | None, _message: Any) -> None:
-            self._delivered.append((future, error))  # on the poll thread; handed over after poll()
+            self._delivered.append((future, 0, error))  # on the poll thread; handed over after poll()
 
+        self._produce(topic, key, value, traceparent, delivered)
+        return future
+
+    def acknowledgements(self) -> Acknowledgements:
+        """A tally for many records produced with `submit_into`: one wake-up for all of them."""
+        assert self._loop is not None, "CommandProducer.start() first"
+        return Acknowledgements(self._loop)
+
+    def submit_into(
+        self, acks: Acknowledgements, index: int, topic: str, key: bytes, value: bytes, traceparent: bytes | None = None
+    ) -> None:
+        """Produce one record counted by `acks` under `index` (raises at once like `submit`)."""
+
+        def delivered(error: KafkaError | None, _message: Any) -> None:
+            self._delivered.append((acks, index, error))
+
+        self._produce(topic, key, value, traceparent, delivered)
+        acks.expected += 1
+
+    def _produce(
+        self, topic: str, key: bytes, value: bytes, traceparent: bytes | None, delivered: Callable[..., None]
+    ) -> None:
+        if not self._reachable:
+            raise KafkaUnavailable(f"Kafka is unavailable: {self.problem}")
         try:
             if traceparent is None:
                 self._producer.produce(topic, key=key, value=value, on_delivery=delivered)
@@ -114,7 +137,6 @@ class CommandProducer:
             if error.args and error.args[0].code() == KafkaError._QUEUE_FULL:
                 raise Saturated("the gateway's producer queue is full") from None
             raise KafkaUnavailable(f"could not produce to {topic}: {error}") from None
-        return future
 
     def queued(self) -> int:
         return len(self._producer)
@@ -174,14 +196,50 @@ class CommandProducer:
             self._set_health(f"every broker is down ({error.str()})")
 
 
-def _settle_all(batch: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
-    for future, error in batch:
-        if future.done():
+def not_acknowledged(error: KafkaError) -> KafkaUnavailable:
+    return KafkaUnavailable(f"Kafka did not acknowledge the command: {error.str()}")
+
+
+class Acknowledgements:
+    """Kafka's answers for many records produced together, tallied on the event loop: `done`
+    resolves once every record produced into it (`expected`) is acknowledged or failed and no
+    more will be (`seal`); `failures` holds each failed record's error by its index."""
+
+    __slots__ = ("_sealed", "_settled", "done", "expected", "failures")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.expected = 0
+        self.failures: dict[int, KafkaUnavailable] = {}
+        self._settled = 0
+        self._sealed = False
+
+    def seal(self) -> None:
+        """No more records: `done` resolves when the last one produced is answered."""
+        self._sealed = True
+        self._finish_if_all_answered()
+
+    def settle(self, index: int, error: KafkaError | None) -> None:
+        if error is not None:
+            self.failures[index] = not_acknowledged(error)
+        self._settled += 1
+        self._finish_if_all_answered()
+
+    def _finish_if_all_answered(self) -> None:
+        if self._sealed and self._settled >= self.expected and not self.done.done():
+            self.done.set_result(None)
+
+
+def _settle_all(batch: list[tuple[asyncio.Future[None] | Acknowledgements, int, KafkaError | None]]) -> None:
+    for target, index, error in batch:
+        if type(target) is Acknowledgements:
+            target.settle(index, error)
+        elif target.done():
             continue
-        if error is None:
-            future.set_result(None)
+        elif error is None:
+            target.set_result(None)
         else:
-            future.set_exception(KafkaUnavailable(f"Kafka did not acknowledge the command: {error.str()}"))
+            target.set_exception(not_acknowledged(error))
 
 
 class ResultsFollower:

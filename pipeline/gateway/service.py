@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from pipeline import tracing
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import Limits, Problem, Ready
-from pipeline.gateway.kafka import CommandProducer, KafkaUnavailable, ResultsFollower, Saturated
+from pipeline.gateway.kafka import Acknowledgements, CommandProducer, KafkaUnavailable, ResultsFollower, Saturated
 from pipeline.gateway.tokens import TokenBook
 from pipeline.settings import Settings
 from processors.gate import Claims
@@ -108,21 +108,22 @@ class Gateway:
     def submit(self, ready: Ready) -> asyncio.Future[None]:
         """Produce; raises ApiError 429 (queue full) or 503 (unreachable) at once."""
         try:
-            parent = (
-                tracing.append_header(ready.stream_path, _event_type(ready.value), "gateway") if tracing.ON else None
-            )
-            future = self.producer.submit(ready.topic, ready.key, ready.value, parent or tracing.PARENT.get())
-        except Saturated as error:
-            metrics.REFUSALS.labels("saturated").inc()
-            raise ApiError(
-                Problem(429, "saturated", f"{error}; retry shortly"), {"Retry-After": RETRY_AFTER_S}
-            ) from None
-        except KafkaUnavailable as error:
-            metrics.REFUSALS.labels("unavailable").inc()
-            raise ApiError(Problem(503, "kafka_unavailable", str(error)), {"Retry-After": "5"}) from None
-        internal = ready.topic == self.topics.internal_appends
-        (metrics.COMMANDS_TO_INTERNAL if internal else metrics.COMMANDS_TO_APPENDS).inc()
+            future = self.producer.submit(ready.topic, ready.key, ready.value, _traceparent(ready))
+        except (Saturated, KafkaUnavailable) as error:
+            raise _producer_refusal(error) from None
+        self.count_produced(ready.topic == self.topics.internal_appends)
         return future
+
+    def submit_into(self, acks: Acknowledgements, index: int, ready: Ready) -> None:
+        """Produce one of many commands, its acknowledgement tallied by `acks` (and counted by the
+        caller with `count_produced`); raises like `submit`."""
+        try:
+            self.producer.submit_into(acks, index, ready.topic, ready.key, ready.value, _traceparent(ready))
+        except (Saturated, KafkaUnavailable) as error:
+            raise _producer_refusal(error) from None
+
+    def count_produced(self, internal: bool, commands: int = 1) -> None:
+        (metrics.COMMANDS_TO_INTERNAL if internal else metrics.COMMANDS_TO_APPENDS).inc(commands)
 
     async def deliver(self, ready: Ready) -> None:
         try:
@@ -172,6 +173,23 @@ def journaled(outcome: AppendOutcome) -> Journaled | Problem:
     if reason.startswith("too_large"):
         return Problem(413, "too_large", reason)
     return Problem(400, "rejected", reason)
+
+
+def _producer_refusal(error: Saturated | KafkaUnavailable) -> ApiError:
+    """The producer's immediate refusal as an answer: 429 while its queue is full, 503 while Kafka
+    is unreachable."""
+    if isinstance(error, Saturated):
+        metrics.REFUSALS.labels("saturated").inc()
+        return ApiError(Problem(429, "saturated", f"{error}; retry shortly"), {"Retry-After": RETRY_AFTER_S})
+    metrics.REFUSALS.labels("unavailable").inc()
+    return ApiError(Problem(503, "kafka_unavailable", str(error)), {"Retry-After": "5"})
+
+
+def _traceparent(ready: Ready) -> bytes | None:
+    """The record's traceparent header (docs/behaviour.md §8): a child span while tracing is on,
+    else the request's own parent, if any."""
+    parent = tracing.append_header(ready.stream_path, _event_type(ready.value), "gateway") if tracing.ON else None
+    return parent or tracing.PARENT.get()
 
 
 def _event_type(value: bytes) -> str:
