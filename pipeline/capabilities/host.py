@@ -52,6 +52,11 @@ from topics.names import topic_names
 log = logging.getLogger("agentstream.capabilities")
 
 OUTCOME_WAIT_S = 10.0  # one wait for the journal's answer; repeated (never re-sent) until it comes
+# Pausing the partitions only bounds the memory of queued run requests (each about its code). A burst
+# of one run per agent over a few hundred agents must not pause them: what arrives while paused waits
+# until the queue drains below the low mark. So the high mark is well above such a burst, and
+# consumption resumes at half of it rather than once the pool is nearly idle.
+QUEUED_RUNS_HIGH = 1024
 
 
 @dataclass(slots=True)
@@ -74,7 +79,8 @@ class CapabilityHost:
         self.settings = settings
         self.config = config
         self.topic = topic_names(settings.topic_prefix).script_runs
-        self.backpressure = Backpressure(high=4 * config.concurrency + 64, low=config.concurrency)
+        high = max(QUEUED_RUNS_HIGH, 4 * config.concurrency + 64)
+        self.backpressure = Backpressure(high=high, low=high // 2)
         self._lanes: dict[str, ScriptLane] = {}
         self.commits = OffsetCommits(group=config.group)
         self._owned: set[TopicPartition] = set()  # assigned and not being revoked: runs may start
