@@ -1,6 +1,6 @@
 """Script runs end to end: runs/s and the host's overhead beyond the script's own run time.
 
-    .venv/bin/python bench/capabilities.py [--agents 200] [--rounds 3] [--concurrency 16]
+    .venv/bin/python bench/capabilities.py [--agents 200] [--rounds 3] [--concurrency 16] [--rate N]
 
 Starts an isolated topic set, the journal worker and the capability host (no LLM caller: this
 benchmark plays it). Every agent gets a user message, which opens an LLM request; per round the
