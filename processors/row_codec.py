@@ -256,17 +256,19 @@ def check_format(value: bytes | None, partition: int) -> int:
 
 _ITEM_JSON = ContextItem.__pydantic_serializer__.to_json  # model_dump_json's bytes, minus its wrapper
 _CELL = _aliases(CellRow)
+# By hand, one bytes formatting per changed item: the marker, the numbers under `CellRow`'s stored
+# names, and the item's JSON spliced in as the serializer gives it (`u` only when set). The stored
+# names are pure ASCII, so latin-1 turns the text into those bytes one for one.
+_CELL_HEAD = f'{_CURRENT_TEXT}{{"{_CELL["offset"]}":%d,"{_CELL["created_offset"]}":%d,"{_CELL["seq"]}":%d'
+_CELL_ROW = f'{_CELL_HEAD},"{_CELL["item"]}":%b}}'.encode("latin-1")
+_UPDATING_CELL_ROW = f'{_CELL_HEAD},"{_CELL["updates_offset"]}":%d,"{_CELL["item"]}":%b}}'.encode("latin-1")
 
 
 def encode_cell(cell: Cell) -> bytes:
-    # By hand: the item's JSON is spliced in as the serializer gives it (one per changed item). The
-    # head is ASCII but for the marker, so latin-1 encodes it byte for byte.
-    names = _CELL
-    head = f'{_CURRENT_TEXT}{{"{names["offset"]}":{cell.offset},"{names["created_offset"]}":{cell.created_offset}'
-    head += f',"{names["seq"]}":{cell.seq}'
-    if cell.updates_offset is not None:
-        head += f',"{names["updates_offset"]}":{cell.updates_offset}'
-    return f'{head},"{names["item"]}":'.encode("latin-1") + _ITEM_JSON(cell.item, exclude_none=True) + b"}"
+    item = _ITEM_JSON(cell.item, exclude_none=True)
+    if cell.updates_offset is None:
+        return _CELL_ROW % (cell.offset, cell.created_offset, cell.seq, item)
+    return _UPDATING_CELL_ROW % (cell.offset, cell.created_offset, cell.seq, cell.updates_offset, item)
 
 
 def decode_cell_row(value: bytes) -> CellRow:

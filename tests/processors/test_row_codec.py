@@ -15,7 +15,7 @@ from pipeline.journal.engine import PartitionEngine
 from processors import row_codec, rows
 from processors.journal import apply_event, payload_hash
 from processors.reducer import fold
-from processors.state import AgentState, Lane, OpenRequest, PendingTrigger, ScriptRun, SourceOffsets, UsageReport
+from processors.state import AgentState, Cell, Lane, OpenRequest, PendingTrigger, ScriptRun, SourceOffsets, UsageReport
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
@@ -139,6 +139,40 @@ def test_the_stored_names_are_row_format_2() -> None:
         "u": 2,
         "i": {"role": "user", "content": "hi"},
     }
+
+
+_ITEMS = st.builds(
+    ContextItem.model_validate,
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "developer", "assistant", "system"]), "content": st.text(max_size=30)},
+        optional={"key": st.text(min_size=1, max_size=8), "actor": st.just({"type": "user", "origin": "web"})},
+    ),
+)
+_NUMBERS = st.integers(-(2**62), 2**62)
+
+
+@settings(max_examples=300)
+@given(_ITEMS, _NUMBERS, _NUMBERS, _NUMBERS, st.none() | _NUMBERS)
+def test_an_item_row_is_byte_for_byte_its_fields_under_the_stored_names_in_order(
+    item: ContextItem, offset: int, created_offset: int, seq: int, updates_offset: int | None
+) -> None:
+    """The item row is encoded by hand (hot path): its bytes are the marker, then exactly orjson's
+    object of the `CellRow` fields in order, `u` only when set, and the item as the model dumps it
+    (text with `%`, quotes or any unicode included)."""
+    cell = Cell(seq, offset, item, updates_offset, created_offset)
+    fields = {"o": offset, "c": created_offset, "s": seq}
+    if updates_offset is not None:
+        fields["u"] = updates_offset
+    fields["i"] = orjson.Fragment(item.model_dump_json(exclude_none=True))
+    assert row_codec.encode_cell(cell) == b"\xff\x02" + orjson.dumps(fields)
+    decoded = row_codec.decode_cell(row_codec.encode_cell(cell))
+    assert (decoded.offset, decoded.created_offset, decoded.seq, decoded.updates_offset, decoded.item) == (
+        offset,
+        created_offset,
+        seq,
+        updates_offset,
+        item,
+    )
 
 
 def test_a_row_with_an_unknown_field_is_refused_not_misread() -> None:
