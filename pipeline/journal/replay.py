@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from rocksdict import Rdict
 from tqdm import tqdm
 
@@ -128,15 +128,8 @@ def replay_partition(
     only_key = None if only_path is None else only_path.encode()
     ranges = {task.partition: (task.low, task.high)}  # up to the end replay began with: later records are not ours
     for messages in read_ranges(consumer, topic, ranges, max_messages=BATCH, poll_s=1.0):
-        if only_key is not None:
-            records: list[Record] = [
-                (message.offset(), message.value(), message.headers())
-                for message in messages
-                if message.key() == only_key
-            ]
-        else:
-            records = [(message.offset(), message.value(), message.headers()) for message in messages]
-        fold.fold(records)
+        wanted = messages if only_key is None else [message for message in messages if message.key() == only_key]
+        fold.fold(_records(wanted))
         staged = fold.take()
         if staged:
             write_rows(db, staged)
@@ -146,6 +139,11 @@ def replay_partition(
         write_rows(db, staged)
     db.flush(wait=False)
     return fold.folded, list(fold.streams)
+
+
+def _records(messages: list[Message]) -> Iterator[Record]:
+    """Each message as a `Record`, built in C (no Python frame per message)."""
+    return zip(map(Message.offset, messages), map(Message.value, messages), map(Message.headers, messages), strict=True)
 
 
 def replay(

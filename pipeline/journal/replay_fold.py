@@ -141,9 +141,11 @@ class PartitionFold:
     def fold(self, records: Iterable[Record]) -> int:
         """Fold journal records of this partition in offset order; how many events were folded."""
         streams, staged, touched = self.streams, self._rows, self._touched
+        # Bound once: this loop runs once per journal record.
+        dedupe_rows, read, window = dedupe.dedupe_rows, self._read, self.append_id_window
         folded = 0
+        kafka_offset = None  # the last record's offset is the partition's position
         for kafka_offset, value, headers in records:
-            self._position = kafka_offset
             try:
                 event, digest = decode_record(value)
             except EnvelopeError as error:
@@ -160,24 +162,21 @@ class PartitionFold:
             if isinstance(event, InvalidPayloadEvent):
                 log.error("journal @%d of %s has an invalid payload (skipped): %s", event.offset, path, event.reason)
             fold(state, event)
+            # `SourceOffsets.advanced`
             if internal:
-                stream.internal = max(stream.internal, source_offset)  # `SourceOffsets.advanced`
-            else:
-                stream.appends = max(stream.appends, source_offset)
-            if event.idempotencyKey is not None or append_id is not None:
-                changed = dedupe.dedupe_rows(
-                    path,
-                    event.offset,
-                    event.type,
-                    event.idempotencyKey,
-                    digest,
-                    append_id,
-                    window=self.append_id_window,
-                    read=self._read,
+                if source_offset > stream.internal:
+                    stream.internal = source_offset
+            elif source_offset > stream.appends:
+                stream.appends = source_offset
+            key = event.idempotencyKey
+            if key is not None or append_id is not None:
+                staged.update(
+                    dedupe_rows(path, event.offset, event.type, key, digest, append_id, window=window, read=read)
                 )
-                staged.update(changed)
             touched[path] = stream
             folded += 1
+        if kafka_offset is not None:
+            self._position = kafka_offset
         self.folded += folded
         return folded
 
