@@ -131,11 +131,12 @@ class Outputs:
 def write_rows(db: Rdict, staged: dict[bytes, bytes | None]) -> None:
     """One batch's rows in one atomic write."""
     batch = WriteBatch(raw_mode=True)
+    put, delete = batch.put, batch.delete  # bound once: called once per row
     for key, value in staged.items():
         if value is None:
-            batch.delete(key)
+            delete(key)
         else:
-            batch.put(key, value)
+            put(key, value)
     db.write(batch)
 
 

@@ -1,0 +1,190 @@
+"""Replay against the pure fold, one build against another: a journal written once, replayed many times.
+
+    .venv/bin/python bench/replay.py [--trees /tmp/old-checkout .] [--rounds 2] [--jobs 1 2]
+    .venv/bin/python bench/replay.py --profile 30    # replay --jobs 1 in a loop (attach py-spy)
+
+Needs the local broker (`bash scripts/kafka/start.sh`). Writes one journal through the journal
+worker (a subprocess, its own topic prefix, deleted at the end): plain appends over 200 streams,
+one stream of 10 000 items, and `bench/journal.py`'s replay mix (keyed slots, idempotency keys,
+requests with answers, settlements and usage reports, compactions). Then, round after round, each
+tree in `--trees` (a checkout of this repository) measures in its own process, with its own code
+(PYTHONPATH): decode + fold of the journal's records in that process, no Kafka, no rows (best of
+three, `bench/journal.py`'s `pure_fold_rate`, with the journal worker's GC policy and with
+replay's), then `replay` with each `--jobs`. Trees alternate, so a busy moment of a shared machine
+falls on both. Each run is printed as it ends, with the ratio of `replay --jobs 1` to the fold
+(target >= 60 %) and of `--jobs 2` to `--jobs 1` (target >= 1.5x). The ratio is also given in
+events per CPU second of this process (for replay, its librdkafka and RocksDB threads included),
+which other processes on the machine disturb less than the wall clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TREE = Path(os.environ.get("AGENTSTREAM_BENCH_TREE", Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(TREE))
+
+from pipeline.settings import Settings  # noqa: E402
+
+
+def _journal_bench(tree: Path) -> Any:
+    """`bench/journal.py` of `tree`, as a module (bench/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_journal", tree / "bench" / "journal.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- writing the journal (once, with this tree's code) --------------------------------------------
+
+
+def write_journal(stack: Any, plain: int, big: int, streams: int, per_stream: int) -> int:
+    """Journal `plain` appends over 200 streams, `big` items on one stream and the replay mix."""
+    from tests.kafka_stack import RecordCounter
+    from topics.names import topic_names
+
+    bench = _journal_bench(TREE)
+    topics = topic_names(stack.settings.topic_prefix)
+    marks = RecordCounter(topics.journal, stack.settings.partitions)
+    producer = bench.new_producer()
+    try:
+        stack.start_worker()
+        paths = [f"/bench/t{i:03d}" for i in range(200)]
+        records = [(paths[i % 200].encode(), bench.command(paths[i % 200], f"t#{i}")) for i in range(plain)]
+        records += [(b"/bench/big", bench.command("/bench/big", f"item #{i} " * 8)) for i in range(big)]
+        bench.produce_all(producer, topics.appends, records)
+        rng = random.Random(7)
+        queues = [
+            [(path.encode(), value) for value in bench.mix_commands(path, per_stream, rng)]
+            for path in (f"/bench/m{i:03d}" for i in range(streams))
+        ]
+        mix = [record for group in zip(*queues, strict=False) for record in group]
+        mix += [record for queue in queues for record in queue[min(map(len, queues)) :]]
+        bench.produce_all(producer, topics.internal_appends, mix)
+        bench.wait_for_count(marks, len(records) + len(mix), timeout=900)
+        return marks.total()
+    finally:
+        stack.stop_worker()
+        producer.flush(10)
+        marks.close()
+
+
+# --- one measurement (a subprocess running its tree's code) ----------------------------------------
+
+
+def measure(settings: Settings, out_dir: Path, jobs: list[int]) -> dict[str, float]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from pipeline.journal.replay import replay
+    from pipeline.kafka.read import read_ranges, watermarks
+    from tests.kafka_stack import consumer_config
+    from topics.names import topic_names
+
+    bench = _journal_bench(TREE)
+    topic = topic_names(settings.topic_prefix).journal
+    consumer = Consumer(consumer_config("bench-replay-values"))
+    try:
+        values = []
+        for p in range(settings.partitions):
+            ranges = {p: watermarks(consumer, TopicPartition(topic, p))}
+            batches = read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0)
+            values.append([message.value() for batch in batches for message in batch])
+    finally:
+        consumer.close()
+    records = sum(map(len, values))
+    figures: dict[str, float] = {"fold": 0.0, "fold_cpu": 0.0}
+    for _ in range(3):
+        cpu = time.process_time()
+        figures["fold"] = max(figures["fold"], bench.pure_fold_rate(values, worker_gc=True))
+        figures["fold_cpu"] = max(figures["fold_cpu"], records / (time.process_time() - cpu))
+    figures["fold_replay_gc"] = max(bench.pure_fold_rate(values, worker_gc=False) for _ in range(3))
+    del values
+    for n in jobs:
+        cpu = time.process_time()
+        stats = replay(settings, out_dir / f"jobs-{n}", progress=False, jobs=n)
+        figures[f"jobs{n}"] = stats.events / stats.seconds
+        if n == 1:  # this process's CPU (its librdkafka and RocksDB threads too); helpers are others
+            figures["jobs1_cpu"] = stats.events / (time.process_time() - cpu)
+        figures["events"] = stats.events
+    return figures
+
+
+def run_measure(tree: Path, settings: Settings, out_dir: Path, jobs: list[int]) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "AGENTSTREAM_BENCH_TREE": str(tree)}
+    argv = [sys.executable, __file__, "--measure", settings.model_dump_json(), str(out_dir), *map(str, jobs)]
+    result = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"measurement in {tree} failed:\n{result.stderr}")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def profile(settings: Settings, out_dir: Path, seconds: float) -> None:
+    from pipeline.journal.replay import replay
+
+    print(f"[bench] pid {os.getpid()}: replay --jobs 1 for {seconds:.0f}s", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stats = replay(settings, out_dir, progress=False, jobs=1)
+        print(f"[bench]   {stats.events / stats.seconds:,.0f} events/s", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees", nargs="+", type=Path, default=[TREE], help="checkouts to compare (default: this)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over the trees (default 2)")
+    parser.add_argument("--jobs", nargs="+", type=int, default=[1, 2], help="replay --jobs to time (default 1 2)")
+    parser.add_argument("--plain", type=int, default=30_000, help="plain appends over 200 streams (default 30 000)")
+    parser.add_argument("--profile", type=float, metavar="SECONDS", help="only replay --jobs 1, in a loop")
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        settings = Settings.model_validate_json(args.measure[0])
+        print(json.dumps(measure(settings, Path(args.measure[1]), [int(n) for n in args.measure[2:]])))
+        return 0
+    from tests.kafka_stack import Stack, ensure_broker
+
+    ensure_broker()
+    tmp = Path(tempfile.mkdtemp(prefix="agentstream-bench-replay-"))
+    stack = Stack(tmp / "data", partitions=4)
+    try:
+        started = time.monotonic()
+        records = write_journal(stack, args.plain, 10_000, 20, 400)
+        print(f"[bench] journal of {records:,} records in {time.monotonic() - started:.0f}s", file=sys.stderr)
+        if args.profile is not None:
+            profile(stack.settings, tmp / "profile", args.profile)
+            return 0
+        for round_number in range(args.rounds):
+            for tree in args.trees:
+                load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+                figures = run_measure(tree.resolve(), stack.settings, tmp / "out", args.jobs)
+                line = (
+                    f"round {round_number + 1} {tree}: load {load}; fold {figures['fold']:,.0f} /s "
+                    f"(replay GC {figures['fold_replay_gc']:,.0f}); "
+                )
+                line += "; ".join(f"--jobs {n} {figures[f'jobs{n}']:,.0f} /s" for n in args.jobs)
+                if 1 in args.jobs:
+                    line += f"; jobs 1 / fold {figures['jobs1'] / figures['fold']:.0%}"
+                    line += f" (CPU time: {figures['jobs1_cpu'] / figures['fold_cpu']:.0%})"
+                    if 2 in args.jobs:
+                        line += f"; jobs 2 / jobs 1 {figures['jobs2'] / figures['jobs1']:.2f}x"
+                print(line, flush=True)
+    finally:
+        stack.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
