@@ -27,8 +27,6 @@ holds no settlement yet (docs/architecture.md, "Fencing").
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -36,7 +34,7 @@ from typing import Any
 import orjson
 
 from pipeline.capabilities.references import ReferencedEvents
-from pipeline.client import AppendError, AppendResult, AppendTimeout, Client, Receipt
+from pipeline.client import AppendError, Client
 from pipeline.kafka.journal_reader import JournalReader
 from processors import grants
 from processors.globs import in_scope
@@ -90,21 +88,6 @@ def shown_event(event: dict[str, Any]) -> dict[str, Any]:
         "payload": payload,
         "createdAt": event["createdAt"],
     }
-
-
-async def outcome(receipt: Receipt, timeout: float) -> AppendResult:
-    """The journal's answer to an append, awaited without holding a thread: the client's receipts
-    block, so poll with a backoff (first look after 2 ms, then at most every 25 ms)."""
-    deadline = time.monotonic() + timeout
-    delay = 0.002
-    while True:
-        await asyncio.sleep(delay)
-        try:
-            return receipt.result(timeout=0)
-        except AppendTimeout:
-            if time.monotonic() >= deadline:
-                raise
-        delay = min(delay * 2, 0.025)
 
 
 def _text(name: str, value: Any) -> str:
@@ -210,7 +193,7 @@ class Grants:
         command = {"type": CONTEXT_ADDED, "payload": item, "idempotencyKey": key}
         try:
             receipt = self.client.streams.get(target).append(command)
-            result = await outcome(receipt, APPEND_TIMEOUT_S)
+            result = await receipt.outcome(APPEND_TIMEOUT_S)
         except AppendError as error:
             raise RuntimeError(f"the journal did not confirm the append: {error}") from None
         if result.status == "rejected":

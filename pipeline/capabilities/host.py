@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from pipeline import exit_codes, metrics, tracing
 from pipeline.capabilities.config import HostConfig
-from pipeline.capabilities.grants import Grants, outcome
+from pipeline.capabilities.grants import Grants
 from pipeline.capabilities.references import ReferencedEvents
 from pipeline.capabilities.sandbox import Sandbox
 from pipeline.client import AppendError, AppendTimeout, Client
@@ -355,7 +355,7 @@ class CapabilityHost:
         receipt = self._internal.streams.get(path).append(command)  # produce only: does not block
         while True:
             try:
-                result = await outcome(receipt, OUTCOME_WAIT_S)
+                result = await receipt.outcome(OUTCOME_WAIT_S)
                 return result.status
             except AppendTimeout:
                 log.warning("%s: no answer from the journal for %s yet; still waiting", path, key)

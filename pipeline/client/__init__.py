@@ -13,12 +13,13 @@ come back on `agent-append-results`, which one background consumer per client fo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ from schemas.events import (
     decode_event,
     parse_consumed_input,
 )
-from schemas.outcomes import AppendOutcome
+from schemas.outcomes import AppendOutcome, decode_outcomes
 from topics.admin import quiet_librdkafka
 from topics.names import topic_names
 
@@ -78,7 +79,12 @@ class Receipt:
         self.stream_path = stream_path
 
     def result(self, timeout: float = 30.0) -> AppendResult:
-        return self._client._results.wait(self.append_id, timeout)
+        return self._client._results.outcomes.wait(self.append_id, timeout)
+
+    async def outcome(self, timeout: float = 30.0) -> AppendResult:
+        """`result`, awaited on the running event loop: resolved the moment the outcome is read, with
+        no thread blocked and no polling."""
+        return await self._client._results.outcomes.wait_async(self.append_id, timeout)
 
     def wait(self, timeout: float = 30.0) -> int:
         """The offset the append was journaled at (or, for a duplicate, the existing event's)."""
@@ -89,8 +95,85 @@ class Receipt:
         return result.offset
 
 
+class Outcomes:
+    """The outcomes a client waits for, shared by the thread that reads them and the callers that
+    wait (blocking in `wait`, or awaiting on an event loop in `wait_async`). Outcomes of appends
+    nobody expects are ignored; the unclaimed ones are bounded, so a client that never waits cannot
+    grow without limit (the oldest go first)."""
+
+    def __init__(self, max_unclaimed: int = MAX_UNCLAIMED_RESULTS) -> None:
+        self._max_unclaimed = max_unclaimed
+        self._expected: OrderedDict[str, None] = OrderedDict()
+        self._results: dict[str, AppendResult] = {}
+        self._futures: dict[str, asyncio.Future[None]] = {}  # awaiting coroutines, by append id
+        self._cond = threading.Condition()
+
+    def expect(self, append_id: str) -> None:
+        with self._cond:
+            self._expected[append_id] = None
+            while len(self._expected) > self._max_unclaimed:
+                oldest, _ = self._expected.popitem(last=False)
+                self._results.pop(oldest, None)
+
+    def record(self, outcomes: Iterable[AppendOutcome]) -> None:
+        """Outcomes read from the topic: keep the expected ones and wake whoever waits on them."""
+        with self._cond:
+            for outcome in outcomes:
+                if outcome.appendId not in self._expected:
+                    continue
+                self._results[outcome.appendId] = AppendResult(
+                    outcome.appendId, outcome.status, outcome.offset, outcome.reason
+                )
+                future = self._futures.get(outcome.appendId)
+                if future is not None:
+                    future.get_loop().call_soon_threadsafe(_wake, future)
+            self._cond.notify_all()
+
+    def wait(self, append_id: str, timeout: float) -> AppendResult:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while append_id not in self._results:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _timed_out(append_id, timeout)
+                self._cond.wait(remaining)
+            self._expected.pop(append_id, None)
+            return self._results.pop(append_id)
+
+    async def wait_async(self, append_id: str, timeout: float) -> AppendResult:
+        """`wait` without blocking the event loop or polling: `record` wakes this coroutine."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._cond:
+            waiting = append_id not in self._results
+            if waiting:
+                self._futures[append_id] = future
+        try:
+            if waiting:
+                await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise _timed_out(append_id, timeout) from None
+        finally:
+            with self._cond:
+                self._futures.pop(append_id, None)
+        return self.wait(append_id, 0)
+
+
+def _timed_out(append_id: str, timeout: float) -> AppendTimeout:
+    # Only the wait ran out: the append may be journaled yet (a busy, restarting or stopped journal
+    # worker looks the same from here), so claim no cause.
+    return AppendTimeout(
+        f"append {append_id} was sent but no outcome arrived within {timeout:g}s; it may still "
+        "be journaled: check with `agentstream agent tail <stream path> --no-follow`"
+    )
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a waiter that timed out has cancelled it
+        future.set_result(None)
+
+
 class _Results:
-    """Follows agent-append-results from the moment the client starts."""
+    """Follows agent-append-results from the moment the client starts, into its `Outcomes`."""
 
     def __init__(self, settings: Settings, topic: str) -> None:
         self._consumer = Consumer(
@@ -109,11 +192,7 @@ class _Results:
         for tp in partitions:
             _, tp.offset = watermarks(self._consumer, tp)
         self._consumer.assign(partitions)
-        # Outcomes of this client's own appends, until waited for; others' are ignored. Bounded, so
-        # a client that never waits cannot grow without limit (the oldest outcomes go first).
-        self._expected: OrderedDict[str, None] = OrderedDict()
-        self._results: dict[str, AppendResult] = {}
-        self._cond = threading.Condition()
+        self.outcomes = Outcomes()
         self._warned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentstream-results", daemon=True)
@@ -122,54 +201,25 @@ class _Results:
     def _run(self) -> None:
         while not self._stop.is_set():
             messages = consume_ready(self._consumer, 500, 0.1)
-            if not messages:
-                continue
-            with self._cond:
-                for message in messages:
-                    if message.error() is not None:
-                        continue
-                    try:
-                        outcome = AppendOutcome.model_validate_json(message.value() or b"")
-                    except ValidationError:
-                        # Anyone who can write the topic can write garbage; it must not stop
-                        # every waiting client, so it is skipped (and said once).
-                        if not self._warned:
-                            self._warned = True
-                            log.warning(
-                                "%s partition %d offset %d is not an append outcome; skipping such records",
-                                message.topic(),
-                                message.partition(),
-                                message.offset(),
-                            )
-                        continue
-                    if outcome.appendId in self._expected:
-                        self._results[outcome.appendId] = AppendResult(
-                            outcome.appendId, outcome.status, outcome.offset, outcome.reason
+            read: list[AppendOutcome] = []
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                try:
+                    read.extend(decode_outcomes(message.value() or b""))
+                except ValidationError:
+                    # Anyone who can write the topic can write garbage; it must not stop every
+                    # waiting client, so it is skipped (and said once).
+                    if not self._warned:
+                        self._warned = True
+                        log.warning(
+                            "%s partition %d offset %d is not an append outcome; skipping such records",
+                            message.topic(),
+                            message.partition(),
+                            message.offset(),
                         )
-                self._cond.notify_all()
-
-    def expect(self, append_id: str) -> None:
-        with self._cond:
-            self._expected[append_id] = None
-            while len(self._expected) > MAX_UNCLAIMED_RESULTS:
-                oldest, _ = self._expected.popitem(last=False)
-                self._results.pop(oldest, None)
-
-    def wait(self, append_id: str, timeout: float) -> AppendResult:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while append_id not in self._results:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    # Only the wait ran out: the append may be journaled yet (a busy, restarting or
-                    # stopped journal worker looks the same from here), so claim no cause.
-                    raise AppendTimeout(
-                        f"append {append_id} was sent but no outcome arrived within {timeout:g}s; it may still "
-                        "be journaled: check with `agentstream agent tail <stream path> --no-follow`"
-                    )
-                self._cond.wait(remaining)
-            self._expected.pop(append_id, None)
-            return self._results.pop(append_id)
+            if read:
+                self.outcomes.record(read)
 
     def close(self) -> None:
         self._stop.set()
@@ -290,7 +340,7 @@ class Client:
                 raise ValueError(ready.detail)
             raise AppendRejected(f"append to {path} refused: {ready.detail}")
         value = ready.value
-        self._results.expect(append_id)
+        self._results.outcomes.expect(append_id)
         # Traces (docs/behaviour.md §8): a worker's appends continue the job they belong to.
         parent = tracing.PARENT.get() if self.internal else tracing.append_header(path, str(raw.get("type")), "client")
         if parent is None:

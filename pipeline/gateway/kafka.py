@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from pipeline.kafka.read import consume_ready, watermarks
 from pipeline.settings import Settings
 from processors.traceparent import TRACEPARENT
-from schemas.outcomes import AppendOutcome
+from schemas.outcomes import AppendOutcome, decode_outcomes
 from topics.names import TopicNames
 
 log = logging.getLogger("agentstream.gateway")
@@ -296,12 +296,13 @@ class ResultsFollower:
                     if message.error() is not None:
                         continue
                     try:
-                        outcome = AppendOutcome.model_validate_json(message.value() or b"")
+                        outcomes = decode_outcomes(message.value() or b"")
                     except ValidationError:
-                        continue  # not an outcome: nobody can be waiting for it
-                    future = self._waiters.pop(outcome.appendId, None)
-                    if future is not None:
-                        found.append((future, outcome))
+                        continue  # not outcomes: nobody can be waiting for them
+                    for outcome in outcomes:
+                        future = self._waiters.pop(outcome.appendId, None)
+                        if future is not None:
+                            found.append((future, outcome))
                 if found and self._loop is not None:
                     self._loop.call_soon_threadsafe(_resolve_all, found)
         finally:

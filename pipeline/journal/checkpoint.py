@@ -23,6 +23,7 @@ from pipeline import metrics
 from pipeline.kafka.producer import Fenced, Headers, OnDelivery
 from processors import row_codec, rows
 from processors.traceparent import TRACEPARENT
+from schemas.outcomes import outcome_records
 
 log = logging.getLogger("agentstream.journal")
 
@@ -99,8 +100,11 @@ class Checkpoint:
     partition: int
     # Journal and dead-letter records, in decision order.
     records: list[Outgoing] = field(default_factory=list)
-    # What follows them: results, llm-requests, script-runs, the workers' own commands.
+    # What follows them: llm-requests, script-runs, the workers' own commands, traced outcomes.
     follow_ups: list[Outgoing] = field(default_factory=list)
+    # Outcomes for clients (`AppendOutcome` JSON) with no trace to carry: sent as a few results
+    # records holding many each (`outcome_records`), not one record per command.
+    outcomes: list[bytes] = field(default_factory=list)
     rows: dict[bytes, bytes | None] = field(default_factory=dict)  # the last write of a key wins
     # The last offset read from each command topic (False: agent-appends, True: internal).
     read: dict[bool, int] = field(default_factory=dict)
@@ -110,7 +114,7 @@ class Checkpoint:
     changelog_offset: int = -1
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.follow_ups or self.rows or self.read)
+        return bool(self.records or self.follow_ups or self.outcomes or self.rows or self.read)
 
     def put(self, key: bytes, value: bytes | None) -> None:
         self._check_open()
@@ -136,6 +140,8 @@ class Checkpoint:
         journal_topic: str,
         done: dict[bool, int],
         journal_position: int,
+        *,
+        results_topic: str,
     ) -> None:
         """Make the checkpoint durable, in this order:
 
@@ -144,7 +150,8 @@ class Checkpoint:
         3. Barrier: without transactions, wait for their acknowledgements, so nothing downstream
            sees a result or a request for an event the journal could still lose. (Inside a
            transaction the commit makes everything visible at once.)
-        4. Produce the follow-ups: results, llm-requests, script-runs, the workers' own commands.
+        4. Produce the follow-ups (llm-requests, script-runs, the workers' own commands), then the
+           outcomes on `results_topic`, many to a record.
         5. Produce the rows to the changelog, one record per changed key, in `changelog_order`,
            the positions last: `c`, how far each command topic is read (`done` for a topic this
            checkpoint read nothing of), and `p`, a journal offset whose rows are stored, at or
@@ -178,10 +185,12 @@ class Checkpoint:
             last_journal = _last_index(self.records, journal_topic)
             for index, (topic, key, value, headers) in enumerate(self.records):  # 2
                 send(topic, key, value, partition, headers, on_journal if index == last_journal else None)
-            if self.records and self.follow_ups:
+            if self.records and (self.follow_ups or self.outcomes):
                 await producer.barrier()  # 3
             for topic, key, value, headers in self.follow_ups:  # 4
                 send(topic, key, value, partition, headers or None)
+            for value in outcome_records(self.outcomes):
+                send(results_topic, None, value, partition, None)
             self._positions(done, max(journal_position, self.journal_offset))
             ordered = changelog_order(self.rows)
             changelog, last_row = store.changelog_topic, len(ordered) - 1
@@ -242,6 +251,7 @@ class Committer:
         store: RowStore,
         producer: TransactionalProducer | None,
         journal_topic: str,
+        results_topic: str,
         *,
         on_fenced: Callable[[BaseException], None],
         fatal: Callable[[BaseException], None] | None,
@@ -252,6 +262,7 @@ class Committer:
         self.store = store
         self.producer = producer
         self.journal_topic = journal_topic
+        self.results_topic = results_topic
         self.on_fenced = on_fenced
         self.fatal = fatal
         self.open = Checkpoint(partition)  # what is being decided
@@ -318,7 +329,12 @@ class Committer:
         started = time.perf_counter()
         try:
             await checkpoint.commit(
-                self.producer, self.store, self.journal_topic, self.positions.done, self.journal_position
+                self.producer,
+                self.store,
+                self.journal_topic,
+                self.positions.done,
+                self.journal_position,
+                results_topic=self.results_topic,
             )
         except Fenced as error:
             self._fence(error)

@@ -28,7 +28,9 @@ class HandledCommand:
 
     command: CommandRecord
     rows: list[rows.Row]
-    # Records that follow the journal record (results, LLM requests, script commands): in the same
+    # The command's outcome for its client (key, value), when it carries an append id.
+    outcome: tuple[bytes, bytes] | None = None
+    # Records that follow the journal record (LLM requests, script commands): in the same
     # transaction, so nothing downstream ever sees an event the journal might still lose.
     after: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # (topic, key, value)
     journal: tuple[bytes, list[tuple[str, bytes]]] | None = None  # journal record and its headers

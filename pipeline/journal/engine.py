@@ -113,7 +113,14 @@ class PartitionEngine:
         self.max_event_bytes = max_event_bytes
         self.append_id_window = append_id_window
         self.checkpoints = Committer(
-            partition, store, producer, topics.journal, on_fenced=self._fenced, fatal=fatal, seal=self.seal
+            partition,
+            store,
+            producer,
+            topics.journal,
+            topics.results,
+            on_fenced=self._fenced,
+            fatal=fatal,
+            seal=self.seal,
         )
         # Streams folded in the open checkpoint: their item and metadata rows are written once, when
         # it is sealed, however many of their events it holds.
@@ -365,6 +372,11 @@ class PartitionEngine:
             checkpoint.produce(self.topics.journal, command.key, record, headers)
         for key, value in decision.rows:
             checkpoint.rows[key] = value
+        if decision.outcome is not None:
+            if trace is None:  # sent with the checkpoint's other outcomes, a few records for all
+                checkpoint.outcomes.append(decision.outcome[1])
+            else:  # a record of its own, to carry the command's traceparent (docs/behaviour.md §8)
+                checkpoint.follow(self.topics.results, *decision.outcome, trace)
         for topic, key, value in decision.after:
             checkpoint.follow(topic, key, value, trace)
         checkpoint.commands += 1
@@ -390,7 +402,7 @@ class PartitionEngine:
     ) -> None:
         if append.appendId is not None:
             outcome = AppendOutcome.encode_trusted(append.appendId, append.streamPath, status, offset, reason)
-            handled.after.append((self.topics.results, append.streamPath.encode(), outcome))
+            handled.outcome = (append.streamPath.encode(), outcome)
 
     # --- scheduling ------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from processors.traceparent import (
     with_traceparent,
 )
 from schemas.events import AGENT_CREATED, CONTEXT_ADDED, LLM_REQUEST_REQUESTED
+from schemas.outcomes import decode_outcomes
 from tests.support.engine_harness import NAMES, PATH, EngineHarness
 
 PARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -168,6 +169,26 @@ def test_8_tracing_off_commands_without_a_traceparent_get_no_header() -> None:
     a_turn(h, None)
     records = h.kafka.on(NAMES.journal) + h.kafka.on(NAMES.llm_requests)
     assert records and all(TRACEPARENT not in r.headers for r in records)
+
+
+def test_8_tracing_off_an_outcome_carries_its_commands_traceparent_in_a_record_of_its_own() -> None:
+    """Outcomes of commands without a trace share results records (docs/behaviour.md §1); the
+    outcome of a command with one is a record of its own, which carries it."""
+    h = EngineHarness()
+
+    async def scenario() -> None:
+        a, traced, c = (
+            h.command({"type": CONTEXT_ADDED, "payload": {"role": "user", "content": n}, "appendId": n}) for n in "abc"
+        )
+        traced.headers[TRACEPARENT] = PARENT
+        await h.handle(a, traced, c)
+        await h.settle()
+
+    asyncio.run(scenario())
+    records = h.kafka.on(NAMES.results)
+    assert [(r.headers.get(TRACEPARENT), r.key) for r in records] == [(PARENT, PATH.encode()), (None, None)]
+    assert [o.appendId for o in decode_outcomes(records[0].value)] == ["b"]
+    assert [o.appendId for o in decode_outcomes(records[1].value)] == ["a", "c"]
 
 
 @pytest.fixture

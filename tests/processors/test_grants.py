@@ -62,6 +62,9 @@ class _Receipt:
     def result(self, timeout: float | None = None) -> AppendResult:
         return AppendResult("a", "journaled", self.offset, None)
 
+    async def outcome(self, timeout: float | None = None) -> AppendResult:
+        return self.result(timeout)
+
 
 class MemoryClient:
     """The client door: each append lands in the journal at once and is remembered."""

@@ -182,7 +182,7 @@ def test_finding_4_a_redelivered_journaled_command_publishes_its_outcome_again(s
     with Client(stack.settings) as waiting:  # a client whose first results were lost
         again = []
         for receipt in receipts:
-            waiting._results.expect(receipt.append_id)
+            waiting._results.outcomes.expect(receipt.append_id)
             again.append(Receipt(waiting, receipt.append_id, path))
         stack.start_worker()
         assert [r.wait(timeout=120) for r in again] == [1, 2, 3, 4, 5]

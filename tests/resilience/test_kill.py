@@ -44,6 +44,7 @@ from pipeline.journal.replay import replay
 from pipeline.journal.replay_store import live_store_paths
 from pipeline.journal.replay_verify import verify
 from schemas.events import CONTEXT_ADDED
+from schemas.outcomes import decode_outcomes
 from tests.kafka_stack import BOOTSTRAP, RecordCounter, Stack, wait_until
 from topics.headers import H_APPEND_ID
 
@@ -252,7 +253,7 @@ def test_sigkill_storm_journals_every_append_once_gapless_and_replay_equals_live
         on_topic = set()
         for message in stack.read_topic(client.topics.results, timeout=60):
             with contextlib.suppress(Exception):
-                on_topic.add(lost_ids.get(orjson.loads(message.value()).get("appendId")))
+                on_topic.update(lost_ids.get(outcome.appendId) for outcome in decode_outcomes(message.value()))
         on_topic.discard(None)
         raise AssertionError(
             f"{len(lost_results)} receipts never came back ({len(on_topic)} of them have an outcome on the results "

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.outcomes import decode_outcomes
+
 
 class DictStore:
     """`RowStore` over a dict; `writes` counts the atomic writes (one per committed checkpoint)."""
@@ -111,3 +113,7 @@ class FakeTransactions:
     def on(self, topic: str) -> list[Record]:
         """The committed records of `topic`, in order."""
         return [record for record in self.committed if record.topic == topic]
+
+    def outcomes(self, topic: str) -> list[dict[str, Any]]:
+        """The append outcomes on the results `topic`, in order, whatever records hold them."""
+        return [outcome.model_dump(exclude_none=True) for r in self.on(topic) for outcome in decode_outcomes(r.value)]

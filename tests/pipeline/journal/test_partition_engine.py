@@ -68,8 +68,8 @@ def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() ->
         await h.settle()
         assert rows.meta_key(PATH) in h.table.stored
         assert len(h.kafka.on(NAMES.journal)) == 1
-        (result,) = h.kafka.on(NAMES.results)
-        assert orjson.loads(result.value) == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
+        (result,) = h.kafka.outcomes(NAMES.results)
+        assert result == {"appendId": "x1", "streamPath": PATH, "status": "journaled", "offset": 1}
         assert h.table.changelog_offset == h.kafka.on(DictStore.changelog_topic)[-1].offset
 
     run(scenario())
@@ -174,7 +174,9 @@ def test_a_checkpoint_is_used_once() -> None:
     async def scenario() -> None:
         checkpoint = Checkpoint(0)
         checkpoint.put(b"k", b"v")
-        await checkpoint.commit(FakeTransactions(), DictStore(), NAMES.journal, {False: -1, True: -1}, -1)
+        await checkpoint.commit(
+            FakeTransactions(), DictStore(), NAMES.journal, {False: -1, True: -1}, -1, results_topic=NAMES.results
+        )
         assert checkpoint.status is Status.COMMITTED
         with pytest.raises(RuntimeError, match="committed, not open"):
             checkpoint.put(b"k", b"w")
@@ -226,7 +228,7 @@ def test_a_redelivered_command_publishes_its_outcome_again_and_is_not_journaled_
         await h.handle(first)  # the same record again (a restart before it was done)
         await h.settle()
         assert len(h.kafka.on(NAMES.journal)) == 1
-        results = [orjson.loads(r.value) for r in h.kafka.on(NAMES.results)]
+        results = h.kafka.outcomes(NAMES.results)
         assert [r["offset"] for r in results] == [1, 1] and {r["status"] for r in results} == {"journaled"}
 
     run(scenario())
@@ -261,7 +263,7 @@ def test_nothing_a_command_holds_stops_the_partition() -> None:
         (dead,) = h.kafka.on(NAMES.dlq)
         assert dead.headers[H_REASON] == b"internal_error: RuntimeError: boom" and dead.headers[H_SOURCE_OFFSET] == b"1"
         assert orjson.loads(dead.value)["payload"]["content"] == "boom"
-        (result,) = [orjson.loads(r.value) for r in h.kafka.on(NAMES.results)]
+        (result,) = h.kafka.outcomes(NAMES.results)
         assert result["status"] == "rejected" and result["reason"].startswith("internal_error")
         assert not h.fatal
         assert h.engine.checkpoints.positions.done[False] == 2

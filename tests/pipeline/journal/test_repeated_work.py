@@ -37,7 +37,7 @@ def run_twice(*, internal: bool) -> EngineHarness:
 
 
 def outcomes(harness: EngineHarness) -> dict[str, str]:
-    results = [orjson.loads(record.value) for record in harness.kafka.on(NAMES.results)]
+    results = harness.kafka.outcomes(NAMES.results)
     return {result["appendId"]: result["status"] for result in results}
 
 

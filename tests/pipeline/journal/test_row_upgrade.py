@@ -189,7 +189,7 @@ def test_a_format_1_store_upgraded_in_place_decides_as_a_store_built_fresh_from_
     journal = [orjson.loads(r.value) for r in upgraded.kafka.on(NAMES.journal)]
     (conflict,) = upgraded.kafka.on(NAMES.dlq)  # a format-1 `k` row names another body
     assert b"'web/beta/3' already names a different event at @6" in conflict.headers["reason"]
-    results = [orjson.loads(r.value) for r in upgraded.kafka.on(NAMES.results)]
+    results = upgraded.kafka.outcomes(NAMES.results)
     outcomes = {r["appendId"]: (r["status"], r["offset"]) for r in results}
     assert outcomes["alpha-4"] == ("duplicate", 18)  # a format-1 `a` row
     assert outcomes["beta-2-again"] == ("duplicate", 5)  # a format-1 `k` row
