@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/replay.py [--trees /tmp/old-checkout .] [--rounds 2] [--jobs 1 2]
     .venv/bin/python bench/replay.py --profile 30    # replay --jobs 1 in a loop (attach py-spy)
+    .venv/bin/python bench/replay.py --save-records /tmp/journal.pickle   # the journal's records, for:
+    valgrind --tool=cachegrind --cache-sim=no .venv/bin/python bench/replay.py --work fold /tmp/journal.pickle
 
 Needs the local broker (`bash scripts/kafka/start.sh`). Writes one journal through the journal
 worker (a subprocess, its own topic prefix, deleted at the end): plain appends over 200 streams,
@@ -15,14 +17,23 @@ falls on both. Each run is printed as it ends, with the ratio of `replay --jobs 
 (target >= 60 %) and of `--jobs 2` to `--jobs 1` (target >= 1.5x). The ratio is also given in
 events per CPU second of this process (for replay, its librdkafka and RocksDB threads included),
 which other processes on the machine disturb less than the wall clock.
+
+`--work fold|replay|none FILE` does one piece of work over records saved by `--save-records`, no
+Kafka: decode + fold as above, or replay's fold, row encoding and RocksDB writes of each partition
+in batches as `replay` takes them (`none`: only loading them). Counted under valgrind, the
+instructions of `fold` and `replay` less those of `none` compare the two whatever else the
+machine runs (run each tree with PYTHONPATH and AGENTSTREAM_BENCH_TREE set to it, and
+PYTHONHASHSEED=0).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
+import pickle
 import random
 import shutil
 import subprocess
@@ -130,6 +141,53 @@ def run_measure(tree: Path, settings: Settings, out_dir: Path, jobs: list[int]) 
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def save_records(settings: Settings, path: Path) -> None:
+    """Every journal record, per partition, as replay's fold takes them: (offset, value, headers)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from pipeline.kafka.read import read_ranges, watermarks
+    from tests.kafka_stack import consumer_config
+    from topics.names import topic_names
+
+    topic = topic_names(settings.topic_prefix).journal
+    consumer = Consumer(consumer_config("bench-replay-records"))
+    try:
+        partitions = []
+        for p in range(settings.partitions):
+            ranges = {p: watermarks(consumer, TopicPartition(topic, p))}
+            batches = read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0)
+            partitions.append([(m.offset(), m.value(), m.headers()) for batch in batches for m in batch])
+    finally:
+        consumer.close()
+    path.write_bytes(pickle.dumps(partitions))
+
+
+def work(kind: str, path: Path) -> None:
+    """One piece of work over saved records (see the module docstring), for an instruction count."""
+    from pipeline.journal.replay import BATCH
+    from pipeline.journal.replay_fold import PartitionFold
+    from pipeline.journal.replay_store import Outputs, RdictRows, write_rows
+
+    partitions = pickle.loads(path.read_bytes())
+    if kind == "fold":
+        _journal_bench(TREE).pure_fold_rate([[value for _, value, _ in p] for p in partitions], worker_gc=True)
+    elif kind == "replay":
+        out_dir = Path(tempfile.mkdtemp(prefix="agentstream-bench-work-"))
+        outputs = Outputs(out_dir)
+        gc.disable()  # replay's policy while folding
+        for partition, records in enumerate(partitions):
+            db = outputs.create(partition)
+            fold = PartitionFold(partition, read=RdictRows(db).get)
+            for start in range(0, len(records), BATCH):
+                fold.fold(records[start : start + BATCH])
+                write_rows(db, fold.take())
+            write_rows(db, fold.take())
+            db.flush(wait=False)
+        outputs.close()
+        gc.enable()
+        shutil.rmtree(out_dir)
+
+
 def profile(settings: Settings, out_dir: Path, seconds: float) -> None:
     from pipeline.journal.replay import replay
 
@@ -147,8 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", nargs="+", type=int, default=[1, 2], help="replay --jobs to time (default 1 2)")
     parser.add_argument("--plain", type=int, default=30_000, help="plain appends over 200 streams (default 30 000)")
     parser.add_argument("--profile", type=float, metavar="SECONDS", help="only replay --jobs 1, in a loop")
+    parser.add_argument("--save-records", type=Path, metavar="FILE", help="only save the journal's records")
+    parser.add_argument("--work", nargs=2, metavar=("KIND", "FILE"), help="fold, replay or none over saved records")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.work:
+        work(args.work[0], Path(args.work[1]))
+        return 0
     if args.measure:
         settings = Settings.model_validate_json(args.measure[0])
         print(json.dumps(measure(settings, Path(args.measure[1]), [int(n) for n in args.measure[2:]])))
@@ -162,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         records = write_journal(stack, args.plain, 10_000, 20, 400)
         print(f"[bench] journal of {records:,} records in {time.monotonic() - started:.0f}s", file=sys.stderr)
+        if args.save_records is not None:
+            save_records(stack.settings, args.save_records)
+            return 0
         if args.profile is not None:
             profile(stack.settings, tmp / "profile", args.profile)
             return 0
