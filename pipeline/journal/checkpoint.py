@@ -70,17 +70,19 @@ def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes
     rows_first: list[tuple[bytes, bytes | None]] = []
     metas: list[tuple[bytes, bytes | None]] = []
     positions: list[tuple[bytes, bytes | None]] = []
-    meta_prefix = rows.META + rows.SEP
-    position_prefixes = (rows.POSITION + rows.SEP, rows.COMMAND_POSITIONS + rows.SEP)
     for row in burst.items():
-        key = row[0]
-        if key.startswith(meta_prefix):
+        kind = row[0][0]  # every row key starts with its kind's byte (processors/rows.py)
+        if kind == _META_KIND:
             metas.append(row)
-        elif key.startswith(position_prefixes):
+        elif kind in _POSITION_KINDS:
             positions.append(row)
         else:
             rows_first.append(row)
     return rows_first + metas + positions
+
+
+_META_KIND = rows.META[0]
+_POSITION_KINDS = frozenset((rows.POSITION[0], rows.COMMAND_POSITIONS[0]))
 
 
 class Status(enum.Enum):
