@@ -111,10 +111,98 @@ def _validated_once(
     command once both are added, so it goes through the append path's own validation alone: a
     command valid there is valid as a submission or a line too. An invalid one returns None, and
     the caller answers it by the full route, whose messages name what the client sent."""
+    plain = _plain_item(claims, raw, append_id, topics, limits)
+    if plain is not None:
+        return plain
     ready = prepare_command(claims, raw, append_id, topics, limits)
     if isinstance(ready, Problem) and ready.error == "invalid_command":
         return None
     return ready
+
+
+# --- plain items: `{streamPath, type, payload: {role, content}}` -------------------------------
+# What a chat front end sends most. Nothing the append path checks (shape, stream path, the gate,
+# the item's contract) looks at a string `content` beyond its size, so for one token, stream,
+# type and role the command it produces differs only by the content and the append id, each
+# serialised as a JSON string. The first such item goes the full route with stand-ins for both,
+# which gives the bytes around them (or no template, if it is refused); later ones fill them in,
+# and the size is checked on the result. tests/pipeline/gateway/test_commands.py holds every answer
+# to the full route's.
+
+_CONTENT_STAND_IN = "agentstream-content-stand-in"
+_APPEND_ID_STAND_IN = "agentstream-append-id-stand-in"
+_MAX_TEMPLATES = 10_000
+MAX_APPEND_ID_CHARS = 128  # `AppendCommand.appendId`'s bound: a longer id takes the full route
+
+
+@dataclass(frozen=True, slots=True)
+class _ItemTemplate:
+    topic: str
+    before_content: bytes
+    before_append_id: bytes
+    after_append_id: bytes
+
+
+# Keyed by the identity of the token's claims (one object per token until its file is reloaded),
+# the topics and the limits, which the entry holds so that their ids are not reused: hashing the
+# dataclasses themselves would cost more than the rest of the lookup.
+_templates: dict[tuple[int, int, int, str, str, str], tuple[Claims, TopicNames, Limits, _ItemTemplate | None]] = {}
+
+
+def _plain_item(
+    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits
+) -> Ready | None:
+    """`raw` prepared from its template, or None: not a plain item, refused, or over the size."""
+    payload, path, event_type = raw.get("payload"), raw.get("streamPath"), raw.get("type")
+    if len(raw) != 3 or type(payload) is not dict or len(payload) != 2:
+        return None
+    role, content = payload.get("role"), payload.get("content")
+    if type(content) is not str or type(role) is not str or type(path) is not str or type(event_type) is not str:
+        return None
+    if not 0 < len(append_id) <= MAX_APPEND_ID_CHARS:
+        return None
+    key = (id(claims), id(topics), id(limits), path, event_type, role)
+    entry = _templates.get(key)
+    if entry is None:
+        if len(_templates) >= _MAX_TEMPLATES:
+            _templates.clear()
+        entry = _templates[key] = (
+            claims,
+            topics,
+            limits,
+            _item_template(claims, path, event_type, role, topics, limits),
+        )
+    template = entry[3]
+    if template is None:
+        return None
+    value = b"".join(
+        (
+            template.before_content,
+            orjson.dumps(content),
+            template.before_append_id,
+            orjson.dumps(append_id),
+            template.after_append_id,
+        )
+    )
+    if len(value) > limits.max_event_bytes:
+        return None
+    return Ready(template.topic, path.encode(), value, path, append_id)
+
+
+def _item_template(
+    claims: Claims, path: str, event_type: str, role: str, topics: TopicNames, limits: Limits
+) -> _ItemTemplate | None:
+    raw = {"streamPath": path, "type": event_type, "payload": {"role": role, "content": _CONTENT_STAND_IN}}
+    probe = prepare_command(claims, raw, _APPEND_ID_STAND_IN, topics, limits)
+    if not isinstance(probe, Ready):
+        return None
+    before_content, *rest = probe.value.split(orjson.dumps(_CONTENT_STAND_IN))
+    if len(rest) != 1:
+        return None
+    before_append_id, *after = rest[0].split(orjson.dumps(_APPEND_ID_STAND_IN))
+    if len(after) != 1:
+        return None
+    return _ItemTemplate(probe.topic, before_content, before_append_id, after[0])
 
 
 # --- the NDJSON batch's answer ------------------------------------------------------------------

@@ -57,24 +57,24 @@ BODIES = st.one_of(
 )
 
 
-def full_route_line(claims: Claims, body: Any) -> Ready | Problem:
+def full_route_line(claims: Claims, body: Any, append_id: str = APPEND_ID) -> Ready | Problem:
     """What an NDJSON line answers when validated as a line first, then as a command."""
     try:
         line = BatchLine.model_validate(body)
     except ValidationError as error:
         kind = body.get("type") if isinstance(body, dict) and isinstance(body.get("type"), str) else None
         return Problem(400, "invalid_command", describe_validation_error(error, kind))
-    return prepare_command(claims, line.model_dump(exclude_none=True), APPEND_ID, TOPICS, LIMITS)
+    return prepare_command(claims, line.model_dump(exclude_none=True), append_id, TOPICS, LIMITS)
 
 
-def full_route_submission(claims: Claims, path: str, body: Any) -> Ready | Problem:
+def full_route_submission(claims: Claims, path: str, body: Any, append_id: str = APPEND_ID) -> Ready | Problem:
     try:
         submission = EventSubmission.model_validate(body)
     except ValidationError as error:
         kind = body.get("type") if isinstance(body, dict) and isinstance(body.get("type"), str) else None
         return Problem(400, "invalid_command", describe_validation_error(error, kind))
     raw = {**submission.model_dump(exclude_none=True), "streamPath": path}
-    return prepare_command(claims, raw, APPEND_ID, TOPICS, LIMITS)
+    return prepare_command(claims, raw, append_id, TOPICS, LIMITS)
 
 
 @settings(max_examples=600, deadline=None)
@@ -98,3 +98,50 @@ def test_7_1_a_line_naming_its_own_append_id_is_refused_as_the_line_schema_says(
     assert isinstance(answer, Problem) and answer.error == "invalid_command" and "appendId" in answer.detail
     accepted = prepare_line(CLAIMS[0], body, APPEND_ID, TOPICS, LIMITS)
     assert isinstance(accepted, Ready) and accepted.append_id == APPEND_ID and b'"userId":"u1"' in accepted.value
+
+
+# Plain items `{role, content}`: the first of a token, stream, type and role goes the full route,
+# later ones are filled into the bytes it produced. Content of any text and size, append ids of
+# any length, and a warm-up item of the same kind first, so that the template is the one answering.
+PLAIN_PATHS = st.sampled_from(
+    ["/agents/a/one", "/agents/b", "/integrations/x", "/other", "agents/bad", "/agents/a/../x"]
+)
+PLAIN_TYPES = st.sampled_from([CONTEXT_ADDED, AGENT_CREATED, "acme/other", ""])
+PLAIN_ROLES = st.sampled_from(["user", "developer", "system", "assistant", "tool", ""])
+CONTENTS = st.one_of(st.text(st.characters(codec="utf-8")), st.integers(1_500, 2_100).map(lambda n: "é" * (n // 2)))
+APPEND_IDS = st.one_of(st.just(APPEND_ID), st.text(min_size=0, max_size=130))
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.sampled_from(CLAIMS), PLAIN_PATHS, PLAIN_TYPES, PLAIN_ROLES, CONTENTS, APPEND_IDS)
+def test_7_1_a_plain_item_answers_exactly_as_the_full_route(
+    claims: Claims, path: str, event_type: str, role: str, content: str, append_id: str
+) -> None:
+    def line(text: str) -> dict[str, Any]:
+        return {"streamPath": path, "type": event_type, "payload": {"role": role, "content": text}}
+
+    prepare_line(claims, line("warm-up"), APPEND_ID, TOPICS, LIMITS)
+    assert prepare_line(claims, line(content), append_id, TOPICS, LIMITS) == full_route_line(
+        claims, line(content), append_id
+    )
+    submission = {"type": event_type, "payload": {"role": role, "content": content}}
+    got = prepare_submission(claims, path, submission, append_id, TOPICS, LIMITS)
+    assert got == full_route_submission(claims, path, submission, append_id)
+
+
+def test_7_1_a_plain_item_is_stamped_and_sized_like_any_other() -> None:
+    user = CLAIMS[0]
+    item = {"streamPath": "/agents/a/one", "type": CONTEXT_ADDED, "payload": {"role": "user", "content": "hi"}}
+    first = prepare_line(user, item, "id-1", TOPICS, LIMITS)
+    second = prepare_line(user, {**item, "payload": {"role": "user", "content": 'say "hé"\n'}}, "id-2", TOPICS, LIMITS)
+    assert isinstance(first, Ready) and isinstance(second, Ready)
+    assert second.value == (
+        b'{"streamPath":"/agents/a/one","type":"' + CONTEXT_ADDED.encode() + b'","payload":{"role":"user",'
+        b'"content":"say \\"h\xc3\xa9\\"\\n","actor":{"type":"user","origin":"web","userId":"u1"}},"appendId":"id-2"}'
+    )
+    too_large = prepare_line(
+        user, {**item, "payload": {"role": "user", "content": "x" * 3_000}}, "id-3", TOPICS, LIMITS
+    )
+    assert isinstance(too_large, Problem) and too_large.status == 413
+    refused = prepare_line(user, {**item, "payload": {"role": "developer", "content": "hi"}}, "id-4", TOPICS, LIMITS)
+    assert isinstance(refused, Problem) and refused.rule == "user-role"
