@@ -19,6 +19,7 @@ projection. The values are `processors.row_codec`'s. Pure: no store or Kafka her
 
 from __future__ import annotations
 
+import functools
 import struct
 
 from processors.state import LaneName
@@ -42,28 +43,35 @@ def _path_bytes(path: str) -> bytes:
     return path.encode()
 
 
+@functools.lru_cache(maxsize=65_536)
+def _stream_prefix(kind: bytes, path: str) -> bytes:
+    # Cached: a stream's keys are built several times per event, always from the same few prefixes.
+    return kind + SEP + _path_bytes(path) + SEP
+
+
+@functools.lru_cache(maxsize=65_536)
 def meta_key(path: str) -> bytes:
     return META + SEP + _path_bytes(path)
 
 
 def items_prefix(path: str) -> bytes:
-    return ITEM + SEP + _path_bytes(path) + SEP
+    return _stream_prefix(ITEM, path)
 
 
 def item_key(path: str, lane: LaneName, seq: int) -> bytes:
-    return items_prefix(path) + _LANE_TAGS[lane] + _SEQ.pack(seq + _SEQ_BIAS)
+    return _stream_prefix(ITEM, path) + _LANE_TAGS[lane] + _SEQ.pack(seq + _SEQ_BIAS)
 
 
 def idempotency_key(path: str, key: str) -> bytes:
-    return IDEMPOTENCY + SEP + _path_bytes(path) + SEP + key.encode()
+    return _stream_prefix(IDEMPOTENCY, path) + key.encode()
 
 
 def append_id_key(path: str, append_id: str) -> bytes:
-    return APPEND_ID + SEP + _path_bytes(path) + SEP + append_id.encode()
+    return _stream_prefix(APPEND_ID, path) + append_id.encode()
 
 
 def append_slot_key(path: str, slot: int) -> bytes:
-    return APPEND_SLOT + SEP + _path_bytes(path) + SEP + _SEQ.pack(slot)
+    return _stream_prefix(APPEND_SLOT, path) + _SEQ.pack(slot)
 
 
 def position_key(partition: int) -> bytes:
