@@ -96,24 +96,10 @@ def write_journal(stack: Any, plain: int, big: int, streams: int, per_stream: in
 
 
 def measure(settings: Settings, out_dir: Path, jobs: list[int]) -> dict[str, float]:
-    from confluent_kafka import Consumer, TopicPartition
-
     from pipeline.journal.replay import replay
-    from pipeline.kafka.read import read_ranges, watermarks
-    from tests.kafka_stack import consumer_config
-    from topics.names import topic_names
 
     bench = _journal_bench(TREE)
-    topic = topic_names(settings.topic_prefix).journal
-    consumer = Consumer(consumer_config("bench-replay-values"))
-    try:
-        values = []
-        for p in range(settings.partitions):
-            ranges = {p: watermarks(consumer, TopicPartition(topic, p))}
-            batches = read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0)
-            values.append([message.value() for batch in batches for message in batch])
-    finally:
-        consumer.close()
+    values = [[message.value() for message in p] for p in read_journal(settings, "bench-replay-values")]
     records = sum(map(len, values))
     figures: dict[str, float] = {"fold": 0.0, "fold_cpu": 0.0}
     for _ in range(3):
@@ -141,8 +127,8 @@ def run_measure(tree: Path, settings: Settings, out_dir: Path, jobs: list[int]) 
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def save_records(settings: Settings, path: Path) -> None:
-    """Every journal record, per partition, as replay's fold takes them: (offset, value, headers)."""
+def read_journal(settings: Settings, group: str) -> list[list[Any]]:
+    """Every journal record, per partition, as confluent-kafka messages."""
     from confluent_kafka import Consumer, TopicPartition
 
     from pipeline.kafka.read import read_ranges, watermarks
@@ -150,15 +136,23 @@ def save_records(settings: Settings, path: Path) -> None:
     from topics.names import topic_names
 
     topic = topic_names(settings.topic_prefix).journal
-    consumer = Consumer(consumer_config("bench-replay-records"))
+    consumer = Consumer(consumer_config(group))
     try:
         partitions = []
         for p in range(settings.partitions):
             ranges = {p: watermarks(consumer, TopicPartition(topic, p))}
             batches = read_ranges(consumer, topic, ranges, max_messages=5000, poll_s=1.0)
-            partitions.append([(m.offset(), m.value(), m.headers()) for batch in batches for m in batch])
+            partitions.append([message for batch in batches for message in batch])
     finally:
         consumer.close()
+    return partitions
+
+
+def save_records(settings: Settings, path: Path) -> None:
+    """Every journal record, per partition, as replay's fold takes them: (offset, value, headers)."""
+    partitions = [
+        [(m.offset(), m.value(), m.headers()) for m in p] for p in read_journal(settings, "bench-replay-records")
+    ]
     path.write_bytes(pickle.dumps(partitions))
 
 
