@@ -21,7 +21,7 @@ from schemas.capabilities import (
 )
 from schemas.config import ConfigPatch
 from schemas.context import ContextItem, NonEmpty, PositiveInt, Wire
-from schemas.limits import JsonObject, StreamPath
+from schemas.limits import AppendId, JsonObject, StreamPath
 from schemas.routing import AGENT_SUBSCRIBED, AGENT_UNSUBSCRIBED, SubscribedPayload, UnsubscribedPayload
 
 # --- event type names --------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class AppendCommand(Wire):
     payload: JsonObject
     idempotencyKey: IdempotencyKey | None = None
     # Unique per logical append: a retried send of the same command is journaled once.
-    appendId: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    appendId: AppendId | None = None
 
 
 class EnvelopeError(ValueError):

@@ -25,6 +25,7 @@ from pydantic import AfterValidator, Field
 MAX_PATH_CHARS = 512
 MAX_SEGMENT_CHARS = 128
 DEFAULT_MAX_EVENT_BYTES = 900 * 1024
+MAX_APPEND_ID_CHARS = 128
 MAX_JSON_DEPTH = 128  # below the JSON parsers' own recursion limits, so the error is ours and clear
 INT_MIN = -(1 << 63)
 INT_MAX = (1 << 64) - 1
@@ -128,3 +129,6 @@ def _check_numbers(value: dict[str, Any]) -> dict[str, Any]:
 
 # Any JSON object whose numbers are interoperable: the payload of every event type.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_numbers)]
+
+# A client's id for one logical append (commands and their outcomes).
+AppendId = Annotated[str, Field(min_length=1, max_length=MAX_APPEND_ID_CHARS)]

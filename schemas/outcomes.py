@@ -15,13 +15,13 @@ import orjson
 from pydantic import Field, TypeAdapter
 
 from schemas.context import Wire
-from schemas.limits import StreamPath
+from schemas.limits import AppendId, StreamPath
 
 AppendStatus = Literal["journaled", "duplicate", "rejected"]
 
 
 class AppendOutcome(Wire):
-    appendId: Annotated[str, Field(min_length=1, max_length=128)]
+    appendId: AppendId
     streamPath: StreamPath
     status: AppendStatus
     offset: Annotated[int, Field(gt=0, strict=True)] | None = None  # journaled/duplicate: the event's offset

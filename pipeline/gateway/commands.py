@@ -17,6 +17,7 @@ from pipeline.client.prepare import Unfit, prepare_append
 from processors.gate import Claims, Origin
 from schemas.events import describe_validation_error
 from schemas.gateway import BatchLine, BatchLineError, BatchLineJournaled, EventSubmission, Journaled
+from schemas.limits import MAX_APPEND_ID_CHARS
 from topics.names import TopicNames
 
 
@@ -132,7 +133,6 @@ def _validated_once(
 _CONTENT_STAND_IN = "agentstream-content-stand-in"
 _APPEND_ID_STAND_IN = "agentstream-append-id-stand-in"
 _MAX_TEMPLATES = 10_000
-MAX_APPEND_ID_CHARS = 128  # `AppendCommand.appendId`'s bound: a longer id takes the full route
 
 
 @dataclass(frozen=True, slots=True)
