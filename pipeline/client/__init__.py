@@ -14,6 +14,7 @@ come back on `agent-append-results`, which one background consumer per client fo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -126,7 +127,9 @@ class Outcomes:
                 )
                 future = self._futures.get(outcome.appendId)
                 if future is not None:
-                    future.get_loop().call_soon_threadsafe(_wake, future)
+                    # A loop closed under a waiter just gone must not stop the thread reading outcomes.
+                    with contextlib.suppress(RuntimeError):
+                        future.get_loop().call_soon_threadsafe(_wake, future)
             self._cond.notify_all()
 
     def wait(self, append_id: str, timeout: float) -> AppendResult:

@@ -68,3 +68,13 @@ def test_5_unclaimed_outcomes_are_bounded_oldest_first() -> None:
     with pytest.raises(AppendTimeout):
         outcomes.wait("a", 0)
     assert outcomes.wait("b", 0).append_id == "b" and outcomes.wait("c", 0).append_id == "c"
+
+
+def test_5_an_outcome_for_a_waiter_whose_event_loop_is_closed_does_not_stop_the_reader() -> None:
+    outcomes = Outcomes()
+    outcomes.expect("a")
+    loop = asyncio.new_event_loop()
+    outcomes._futures["a"] = loop.create_future()  # a waiter caught between its last look and leaving
+    loop.close()
+    outcomes.record([outcome("a")])  # on the reading thread: must not raise
+    assert outcomes.wait("a", 0).offset == 7
