@@ -19,6 +19,7 @@ check the two against each other and against the live path). Two things make it 
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterable, Sequence
 
 import orjson
@@ -45,6 +46,7 @@ Event = JournalEvent | InvalidPayloadEvent
 
 _TYPE_FIELD = b'"type":"'  # the envelope's third field as the worker writes it (streamPath holds no quote)
 _CONSUMED = frozenset(event_type.encode() for event_type in CONSUMED_TYPES)
+_SLOT = struct.Struct(">Q")  # an append-id window slot's number, the last part of its key (`rows.append_slot_key`)
 
 
 def decode_record(value: bytes) -> tuple[Event, str | None]:
@@ -101,13 +103,18 @@ def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, 
 
 
 class _Stream:
-    __slots__ = ("appends", "internal", "path", "state")
+    __slots__ = ("append_id_prefix", "appends", "idempotency_prefix", "internal", "path", "slot_prefix", "state")
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.state = AgentState(stream_path=path, changes={})
         # `SourceOffsets` as two counters: the frozen value is built once per batch, for the metadata row.
         self.appends = self.internal = -1
+        # The stream's dedupe keys without their last part, built once: the fold writes
+        # `processors.dedupe.dedupe_rows`'s rows itself, one or two per event.
+        self.idempotency_prefix = rows.idempotency_key(path, "")
+        self.append_id_prefix = rows.append_id_key(path, "")
+        self.slot_prefix = rows.append_slot_key(path, 0)[: -_SLOT.size]
 
     def sources(self) -> SourceOffsets:
         return SourceOffsets(self.appends, self.internal)
@@ -142,7 +149,12 @@ class PartitionFold:
         """Fold journal records of this partition in offset order; how many events were folded."""
         streams, staged, touched = self.streams, self._rows, self._touched
         # Bound once: this loop runs once per journal record.
-        dedupe_rows, read, window = dedupe.dedupe_rows, self._read, self.append_id_window
+        read, window, pack_slot = self._read, self.append_id_window, _SLOT.pack
+        encode_idempotency, encode_offset, encode_append_slot = (
+            row_codec.encode_idempotency,
+            row_codec.encode_offset,
+            row_codec.encode_append_slot,
+        )
         folded = 0
         kafka_offset = None  # the last record's offset is the partition's position
         for kafka_offset, value, headers in records:
@@ -168,11 +180,19 @@ class PartitionFold:
                     stream.internal = source_offset
             elif source_offset > stream.appends:
                 stream.appends = source_offset
+            # `dedupe.dedupe_rows`, staged in its order (tests/pipeline/journal/test_replay_dedupe.py).
             key = event.idempotencyKey
-            if key is not None or append_id is not None:
-                staged.update(
-                    dedupe_rows(path, event.offset, event.type, key, digest, append_id, window=window, read=read)
-                )
+            if key is not None:
+                staged[stream.idempotency_prefix + key.encode()] = encode_idempotency(event.offset, event.type, digest)
+            if append_id is not None:
+                offset = event.offset
+                slot = stream.slot_prefix + pack_slot(offset % window)
+                if offset >= window:  # below it, the slot was never taken (see `dedupe_rows`)
+                    forgotten = read(slot)
+                    if forgotten is not None:
+                        staged[stream.append_id_prefix + row_codec.decode_append_slot(forgotten).encode()] = None
+                staged[stream.append_id_prefix + append_id.encode()] = encode_offset(offset)
+                staged[slot] = encode_append_slot(append_id)
             touched[path] = stream
             folded += 1
         if kafka_offset is not None:
