@@ -123,6 +123,21 @@ def replay_partition(
     Records are consumed in batches; each batch's rows are written in one `WriteBatch`.
     `report(n)` is told how many records each batch consumed (progress).
     """
+    fold = _fold_partition(consumer, topic, task, db, only_path, report, append_id_window)
+    return fold.folded, list(fold.streams)
+
+
+def _fold_partition(
+    consumer: Consumer,
+    topic: str,
+    task: PartitionTask,
+    db: Rdict,
+    only_path: str | None,
+    report: Callable[[int], None],
+    append_id_window: int,
+) -> PartitionFold:
+    """`replay_partition`, giving back the fold itself: its projections are freed where the caller
+    drops it (freeing a partition's projections takes about 6 % of folding them)."""
     rows_written = RdictRows(db)
     fold = PartitionFold(task.partition, append_id_window=append_id_window, read=rows_written.get)
     only_key = None if only_path is None else only_path.encode()
@@ -138,7 +153,7 @@ def replay_partition(
     if staged:
         write_rows(db, staged)
     db.flush(wait=False)
-    return fold.folded, list(fold.streams)
+    return fold
 
 
 def _records(messages: list[Message]) -> Iterator[Record]:
@@ -184,6 +199,8 @@ def replay(
                 only_path,
                 settings.append_id_window,
             )
+        if helpers is None:  # this process replays every partition, in this order
+            outputs.open_ahead(partitions)
         tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(names.journal, p))) for p in partitions]
         total = sum(task.high - task.low for task in tasks)
         with tqdm(total=total, unit="ev", desc="replay", disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
@@ -347,12 +364,15 @@ def _replay_worker(
     consumer = None
     outputs = Outputs(out_dir)
     results = []
+    last: PartitionFold | None = None  # freed once done is reported: the parent need not wait for that
     try:
         consumer = _consumer(client_config)
         with _folding_gc():
             while (task := _next_task(tasks, parent)) is not None:
+                last = None  # the previous partition's projections, freed before the next is folded
                 db = outputs.create(task.partition)
-                results.append(replay_partition(consumer, topic, task, db, only_path, report, append_id_window))
+                last = _fold_partition(consumer, topic, task, db, only_path, report, append_id_window)
+                results.append((last.folded, list(last.streams)))
             outputs.close()  # reported done only once the rows are on disk
         for events, streams in results:
             reports.put(("done", events, streams))
