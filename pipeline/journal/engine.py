@@ -51,6 +51,7 @@ from processors.journal import Duplicate, Journaled, Rejected, journal_command, 
 from processors.reducer import fold
 from processors.render import DEFAULT_BUDGET, RenderBudget
 from processors.scheduler import decide, stale_expiry
+from processors.scripts import script_follow_ups
 from processors.traceparent import TRACEPARENT
 from schemas.events import (
     AppendCommand,
@@ -380,6 +381,8 @@ class PartitionEngine:
         for topic, key, value in decision.after:
             checkpoint.follow(topic, key, value, trace)
         checkpoint.commands += 1
+        if decision.event is not None:
+            self._journal_follow_ups(decision.event, trace)
 
     def _misrouted(self, command: CommandRecord, path: str) -> str | None:
         """One writer per stream holds only if every command of a stream lands on its partition."""
@@ -461,21 +464,39 @@ class PartitionEngine:
 
     def _journal_scheduled(self, path: str, body: dict[str, Any], entry: StreamEntry) -> None:
         """Journal one scheduler append now, through the same decision as every command."""
-        value = orjson.dumps(body)
         trigger = self.trigger_traces.pop(path, None)
         headers = {} if trigger is None else {TRACEPARENT: trigger}
         if tracing.ON:  # the turn decided, in the trigger's trace (docs/behaviour.md §8)
             headers = {TRACEPARENT: tracing.schedule_header(trigger, path, body["type"], entry.state.pending)}
-        command = CommandRecord(self.partition, -1, path.encode(), value, headers, internal=True, scheduled=True)
+        self._journal_now(path, body, headers)
+        self._count_journaled()
+        self.checkpoints.work()
+
+    def _journal_now(self, path: str, body: dict[str, Any], headers: dict[str, bytes]) -> None:
+        """Decide an append the worker itself calls for (a scheduler decision, a script follow-up)
+        like a command read from a topic, and stage it in the open checkpoint. Its journal record
+        says `source-topic: scheduler` and it advances no command position."""
+        command = CommandRecord(
+            self.partition, -1, path.encode(), orjson.dumps(body), headers, internal=True, scheduled=True
+        )
         try:
             decision = self._decide(command)
         except Exception as error:  # as for commands: dead-letter it, keep the partition going
             decision = self._internal_error(command, error)
-        if headers:
-            self._trace(decision, headers[TRACEPARENT])
+        if tracing.ON or headers:
+            self._trace(decision, headers.get(TRACEPARENT))
         self._carry_out(decision)
-        self._count_journaled()
-        self.checkpoints.work()
+
+    def _journal_follow_ups(self, event: Any, trace: bytes | None) -> None:
+        """What agent-run code calls for after `event` (a run request, the too-many-blocks
+        feedback, a script result: `processors.scripts.script_follow_ups`), journaled right behind
+        it in the same checkpoint, as the scheduler's decisions are. Through the internal topic
+        each cost a trip through Kafka (a transaction, then a fetch) on the path of every script
+        run. The state is folded through `event` and nothing else yet, as the follow-ups require."""
+        path = event.streamPath
+        appends = script_follow_ups(self.unsealed[path].state, event)
+        for append in appends:  # within the trace of the event that called for them (docs/behaviour.md §8)
+            self._journal_now(path, append.command(path), {} if trace is None else {TRACEPARENT: trace})
 
     def _trace(self, decision: HandledCommand, parent: bytes | None) -> None:
         """What the records of `decision` carry (docs/behaviour.md §8): while tracing, the

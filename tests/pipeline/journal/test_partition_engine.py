@@ -641,40 +641,68 @@ async def run_a_script(h: EngineHarness) -> None:
             internal=True,
         ),
     )
-    await h.settle()
-    (run_request,) = h.kafka.on(NAMES.internal_appends)  # the worker's follow-up, a command
-    await h.handle(h.command(orjson.loads(run_request.value), internal=True))
-    await h.settle()
+    await h.settle()  # the run request is journaled right behind the answer (no command to wait for)
 
 
-def test_6_catch_up_publishes_again_the_script_commands_a_dead_worker_never_sent() -> None:
-    """The worker may die after the journal acknowledged an event but before its rows were stored
-    and its script follow-ups sent. Catch-up re-folds the event from the journal and publishes the
-    same commands, byte for byte (the run request of a qualifying answer, the too-many-blocks
-    feedback, a settled run's result): repeats are duplicates by idempotency key, and none is lost."""
+def worker_journaled(h: EngineHarness) -> list[dict[str, Any]]:
+    """The events the worker journaled itself, read from no command topic (`source-topic: scheduler`)."""
+    return [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal) if r.headers.get(H_SOURCE_TOPIC) == SCHEDULER]
+
+
+def test_6_script_follow_ups_are_journaled_right_behind_the_event_that_calls_for_them() -> None:
+    """The run request of a qualifying answer, a settled run's result and the too-many-blocks
+    feedback go into the journal in the same checkpoint as the event that calls for them, straight
+    behind it, and advance no command position: none is sent through the internal command topic."""
+
+    async def scenario() -> None:
+        h = EngineHarness()
+        await run_a_script(h)
+        await h.handle(h.command(script_settled("agent-output:4"), internal=True))
+        await h.settle()
+        journal = [orjson.loads(r.value) for r in h.kafka.on(NAMES.journal)]
+        assert [(e["offset"], e["type"], e.get("idempotencyKey")) for e in journal[3:]] == [
+            (4, CONTEXT_ADDED, "llm/answer@3"),
+            (5, SCRIPT_RUN_REQUESTED, "agent/script-run-requested@4"),
+            (6, LLM_REQUEST_SETTLED, None),
+            (7, SCRIPT_RUN_SETTLED, "host/settled@agent-output:4"),
+            (8, CONTEXT_ADDED, "agent/script-result@agent-output:4"),
+        ]
+        assert journal[4]["payload"]["executionId"] == "agent-output:4"
+        assert [e["offset"] for e in worker_journaled(h)] == [5, 8]
+        assert h.kafka.on(NAMES.internal_appends) == []
+        assert [orjson.loads(r.value)["executionId"] for r in h.kafka.on(NAMES.script_runs)] == ["agent-output:4"]
+
+    run(scenario())
+
+
+def test_6_catch_up_publishes_again_the_script_commands_of_the_events_it_refolds() -> None:
+    """A worker without transactions may die after the journal acknowledged an event but before its
+    rows were stored and its script follow-ups journaled. Catch-up re-folds the event from the
+    journal and sends its follow-ups as commands (the run request of a qualifying answer, the
+    too-many-blocks feedback, a settled run's result), the very appends the live worker journaled:
+    repeats are duplicates by idempotency key, and none is lost."""
 
     async def scenario() -> None:
         h = EngineHarness()
         await run_a_script(h)
         await h.handle(h.command(script_settled("agent-output:4"), internal=True))
         await h.handle(h.command(user("and now?")))
-        await h.handle(h.command(request("r/9"), internal=True))
+        await h.handle(h.command(request("r/10"), internal=True))
         two_blocks = "```python\n1\n```\nand\n```py\n2\n```"
-        await h.handle(h.command(answer(9, two_blocks), internal=True))
+        await h.handle(h.command(answer(10, two_blocks), internal=True))
         await h.settle()
-        live = [r.value for r in h.kafka.on(NAMES.internal_appends)]
-        assert [orjson.loads(v)["type"] for v in live] == [SCRIPT_RUN_REQUESTED, CONTEXT_ADDED, CONTEXT_ADDED]
-        assert [orjson.loads(v)["idempotencyKey"] for v in live] == [
+        live = [(e["type"], e["payload"], e["idempotencyKey"]) for e in worker_journaled(h)]
+        assert [key for _, _, key in live] == [
             "agent/script-run-requested@4",
             "agent/script-result@agent-output:4",
-            "agent/script-feedback@10",
+            "agent/script-feedback@11",
         ]
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
         engine = PartitionEngine(0, DictStore(), NAMES, h.kafka, max_cached_streams=100)  # nothing stored
         outcomes: list[tuple[str, bytes, bytes]] = []
         Recovery(engine).refold(journal, outcomes)
-        again = [value for topic, key, value in outcomes if topic == NAMES.internal_appends]
-        assert again == live
+        again = [orjson.loads(value) for topic, key, value in outcomes if topic == NAMES.internal_appends]
+        assert [(c["type"], c["payload"], c["idempotencyKey"]) for c in again] == live
         assert {key for topic, key, _ in outcomes if topic == NAMES.internal_appends} == {PATH.encode()}
         # Events a stream's rows already hold are not re-folded: a second catch-up publishes nothing.
         await engine.checkpoints.flush()
