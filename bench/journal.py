@@ -9,8 +9,9 @@ baseline measured in the same run on the same machine:
 
 - sustained appends/s: valid AppendCommand JSON (with append ids, as the client API sends them)
   produced as fast as possible with confluent-kafka straight to agent-appends over 200 raw streams;
-  the rate is n over the time from the first command produced to the last one journaled (the
-  worker is warm; records become visible a transaction at a time, so no window inside the run).
+  the rate is n over the time from the first command produced to the last one journaled, the
+  best of two runs after a warm-up over the same streams (records become visible a transaction at
+  a time, so no window inside a run).
   Baseline: a Python confluent-kafka consume→produce loop copying one topic to another (same
   partition count, also a subprocess, acks=all), started on a backlog of the same commands (more
   of them: it is fast), its rate read on its output topic between the moments 10% and 100% of the
@@ -664,7 +665,12 @@ class Bench:
 
         print(f"[bench] 1. throughput: {n_throughput} commands over 200 streams", file=progress, flush=True)
         raw = self.raw_throughput(n_raw)
-        piped = self.throughput(n_throughput)
+        # Sustained: a warm-up over the same streams first (their first events create rows and
+        # cached states), then the best of two runs, as the fold below is the best of three.
+        self.throughput(n_throughput // 4)
+        sustained = [self.throughput(n_throughput) for _ in range(2)]
+        piped = max(sustained)
+        self.notes.append("sustained appends/s (transactions on): " + ", ".join(f"{r:,.0f}" for r in sustained))
         self.add("sustained appends/s", f"{piped:,.0f} /s", f"raw pass-through {raw:,.0f} /s", _ratio(piped, raw, 0.10))
         # The figure that holds across machines: the worker against decode + fold of the very
         # records it journaled (the target: at least 25%).
@@ -681,7 +687,7 @@ class Bench:
         # Fencing's cost: the same build with transactions off (AGENTSTREAM_TRANSACTIONS=false), run
         # alternately with it on, best of each (other work on a shared machine only slows a run).
         print("[bench] 1b. throughput with transactions off and on, alternately", file=progress, flush=True)
-        rates: dict[bool, list[float]] = {True: [piped], False: []}
+        rates: dict[bool, list[float]] = {True: sustained, False: []}
         for transactions in (False, True, False, True):
             self.restart_worker(transactions)
             rates[transactions].append(self.throughput(n_throughput))
