@@ -51,7 +51,6 @@ from processors.journal import Duplicate, Journaled, Rejected, journal_command, 
 from processors.reducer import fold
 from processors.render import DEFAULT_BUDGET, RenderBudget
 from processors.scheduler import decide, stale_expiry
-from processors.scripts import script_follow_ups
 from processors.traceparent import TRACEPARENT
 from schemas.events import (
     AppendCommand,
@@ -378,11 +377,17 @@ class PartitionEngine:
                 checkpoint.outcomes.append(decision.outcome[1])
             else:  # a record of its own, to carry the command's traceparent (docs/behaviour.md §8)
                 checkpoint.follow(self.topics.results, *decision.outcome, trace)
-        for topic, key, value in decision.after:
-            checkpoint.follow(topic, key, value, trace)
         checkpoint.commands += 1
-        if decision.event is not None:
-            self._journal_follow_ups(decision.event, trace)
+        for topic, key, value in decision.after:
+            if topic == self.topics.internal_appends:
+                # A command to this very worker (what agent-run code calls for: a run request, the
+                # too-many-blocks feedback, a script result): journaled now, right behind the event
+                # and in its checkpoint, as the scheduler's decisions are. Sent, it cost every script
+                # run a trip through Kafka (a transaction, then this worker's fetch) for nothing: it
+                # is decided from the event just folded, and its idempotency key makes a repeat harmless.
+                self._journal_now(key.decode(), value, {} if trace is None else {TRACEPARENT: trace})
+            else:
+                checkpoint.follow(topic, key, value, trace)
 
     def _misrouted(self, command: CommandRecord, path: str) -> str | None:
         """One writer per stream holds only if every command of a stream lands on its partition."""
@@ -468,17 +473,15 @@ class PartitionEngine:
         headers = {} if trigger is None else {TRACEPARENT: trigger}
         if tracing.ON:  # the turn decided, in the trigger's trace (docs/behaviour.md §8)
             headers = {TRACEPARENT: tracing.schedule_header(trigger, path, body["type"], entry.state.pending)}
-        self._journal_now(path, body, headers)
+        self._journal_now(path, orjson.dumps(body), headers)
         self._count_journaled()
         self.checkpoints.work()
 
-    def _journal_now(self, path: str, body: dict[str, Any], headers: dict[str, bytes]) -> None:
+    def _journal_now(self, path: str, value: bytes, headers: dict[str, bytes]) -> None:
         """Decide an append the worker itself calls for (a scheduler decision, a script follow-up)
         like a command read from a topic, and stage it in the open checkpoint. Its journal record
         says `source-topic: scheduler` and it advances no command position."""
-        command = CommandRecord(
-            self.partition, -1, path.encode(), orjson.dumps(body), headers, internal=True, scheduled=True
-        )
+        command = CommandRecord(self.partition, -1, path.encode(), value, headers, internal=True, scheduled=True)
         try:
             decision = self._decide(command)
         except Exception as error:  # as for commands: dead-letter it, keep the partition going
@@ -486,17 +489,6 @@ class PartitionEngine:
         if tracing.ON or headers:
             self._trace(decision, headers.get(TRACEPARENT))
         self._carry_out(decision)
-
-    def _journal_follow_ups(self, event: Any, trace: bytes | None) -> None:
-        """What agent-run code calls for after `event` (a run request, the too-many-blocks
-        feedback, a script result: `processors.scripts.script_follow_ups`), journaled right behind
-        it in the same checkpoint, as the scheduler's decisions are. Through the internal topic
-        each cost a trip through Kafka (a transaction, then a fetch) on the path of every script
-        run. The state is folded through `event` and nothing else yet, as the follow-ups require."""
-        path = event.streamPath
-        appends = script_follow_ups(self.unsealed[path].state, event)
-        for append in appends:  # within the trace of the event that called for them (docs/behaviour.md §8)
-            self._journal_now(path, append.command(path), {} if trace is None else {TRACEPARENT: trace})
 
     def _trace(self, decision: HandledCommand, parent: bytes | None) -> None:
         """What the records of `decision` carry (docs/behaviour.md §8): while tracing, the

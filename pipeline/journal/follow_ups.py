@@ -1,8 +1,8 @@
 """What a journaled event sets in motion, as records published in the same transaction as the
 event (docs/architecture.md, "Commit protocol"): the LLM caller's work (a request's body, a cancel,
-a settled notice, a compaction) and the capability host's (`script-runs`). The events agent-run
-code calls for (a run request, the too-many-blocks feedback, a script result) are not records
-here: the engine journals them at once, right behind the event (`PartitionEngine`).
+a settled notice, a compaction) and the capability host's (script commands, `script-runs`). The
+script commands are addressed to this very worker: the engine journals them at once, right behind
+the event, instead of sending them (`PartitionEngine._carry_out`).
 
 Recovery asks the same questions of the streams it re-folds (`pipeline.journal.recovery`), so a
 new owner publishes again exactly what the last one would have.
@@ -85,25 +85,26 @@ class FollowUps:
         return records_out
 
     def _scripts(self, entry: StreamEntry, event: Any) -> list[Record]:
-        """Each journaled run request, for the capability host (`script-runs`)."""
-        if event.type != SCRIPT_RUN_REQUESTED or isinstance(event, InvalidPayloadEvent):
-            return []
-        payload = event.payload
-        record = records.script_run_record(
-            event.streamPath,
-            event.offset,
-            event.createdAt,
-            payload.code,
-            payload.executionId,
-            payload.expiresAt,
-            entry.state.config,
-        )
-        return [(self.topics.script_runs, event.streamPath.encode(), record)]
+        """Agents run code: the run request, feedback or script result the event calls for (commands
+        to the internal topic), and each journaled run request for the capability host (script-runs)."""
+        records_out = self.script_commands(entry.state, event)
+        if event.type == SCRIPT_RUN_REQUESTED and not isinstance(event, InvalidPayloadEvent):
+            payload = event.payload
+            record = records.script_run_record(
+                event.streamPath,
+                event.offset,
+                event.createdAt,
+                payload.code,
+                payload.executionId,
+                payload.expiresAt,
+                entry.state.config,
+            )
+            records_out.append((self.topics.script_runs, event.streamPath.encode(), record))
+        return records_out
 
     def script_commands(self, state: AgentState, event: Any) -> list[Record]:
-        """What agent-run code calls for after `event` (`state`: folded through it), as commands to
-        the internal topic: what recovery sends for an event whose follow-ups may not have been
-        journaled (a worker without transactions that died in between; repeats are duplicates)."""
+        """The commands agent-run code calls for after `event` (`state`: folded through it). Live,
+        the engine journals them at once; recovery sends them for the events it re-folds."""
         path = event.streamPath
         key = path.encode()
         return [
