@@ -21,6 +21,7 @@ deleted."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import multiprocessing
 import os
@@ -123,7 +124,7 @@ def replay_partition(
     Records are consumed in batches; each batch's rows are written in one `WriteBatch`.
     `report(n)` is told how many records each batch consumed (progress).
     """
-    fold = _fold_partition(consumer, topic, task, db, only_path, report, append_id_window)
+    fold = _fold_partition(consumer, topic, task, lambda: db, only_path, report, append_id_window)
     return fold.folded, list(fold.streams)
 
 
@@ -131,15 +132,29 @@ def _fold_partition(
     consumer: Consumer,
     topic: str,
     task: PartitionTask,
-    db: Rdict,
+    output: Callable[[], Rdict],
     only_path: str | None,
     report: Callable[[int], None],
     append_id_window: int,
 ) -> PartitionFold:
     """`replay_partition`, giving back the fold itself: its projections are freed where the caller
-    drops it (freeing a partition's projections takes about 6 % of folding them)."""
-    rows_written = RdictRows(db)
-    fold = PartitionFold(task.partition, append_id_window=append_id_window, read=rows_written.get)
+    drops it (freeing a partition's projections takes about 6 % of folding them).
+
+    `output()` gives the partition's database; it is first asked for once records are in, so that
+    a database opened ahead (`Outputs.open_ahead`) opens while the first ones are fetched.
+    """
+    db: Rdict | None = None
+
+    def database() -> Rdict:
+        nonlocal db
+        if db is None:
+            db = output()
+        return db
+
+    def read(key: bytes) -> bytes | None:  # the append-id window's rows written before (rare)
+        return RdictRows(database()).get(key)
+
+    fold = PartitionFold(task.partition, append_id_window=append_id_window, read=read)
     only_key = None if only_path is None else only_path.encode()
     ranges = {task.partition: (task.low, task.high)}  # up to the end replay began with: later records are not ours
     for messages in read_ranges(consumer, topic, ranges, max_messages=BATCH, poll_s=1.0):
@@ -147,12 +162,12 @@ def _fold_partition(
         fold.fold(_records(wanted))
         staged = fold.take()
         if staged:
-            write_rows(db, staged)
+            write_rows(database(), staged)
         report(len(messages))
     staged = fold.take()  # the format row of a partition with nothing to replay
     if staged:
-        write_rows(db, staged)
-    db.flush(wait=False)
+        write_rows(database(), staged)
+    database().flush(wait=False)
     return fold
 
 
@@ -214,12 +229,19 @@ def replay(
                 helpers.hand_out(tasks)
             with _folding_gc():
                 for task in iter(helpers.take, None) if helpers is not None else tasks:
-                    db = outputs.create(task.partition)
-                    events, streams = replay_partition(
-                        consumer, names.journal, task, db, only_path, report, settings.append_id_window
+                    outputs.open_ahead([task.partition])  # unless opening already (--jobs 1)
+                    fold = _fold_partition(
+                        consumer,
+                        names.journal,
+                        task,
+                        functools.partial(outputs.create, task.partition),
+                        only_path,
+                        report,
+                        settings.append_id_window,
                     )
-                    stats.events += events
-                    stats.streams.update(streams)
+                    stats.events += fold.folded
+                    stats.streams.update(fold.streams)
+                    del fold  # its projections, before the next partition's are built
                 outputs.close()
             if helpers is not None:
                 for events, streams in helpers.wait(bar.update):
@@ -370,8 +392,9 @@ def _replay_worker(
         with _folding_gc():
             while (task := _next_task(tasks, parent)) is not None:
                 last = None  # the previous partition's projections, freed before the next is folded
-                db = outputs.create(task.partition)
-                last = _fold_partition(consumer, topic, task, db, only_path, report, append_id_window)
+                outputs.open_ahead([task.partition])
+                output = functools.partial(outputs.create, task.partition)
+                last = _fold_partition(consumer, topic, task, output, only_path, report, append_id_window)
                 results.append((last.folded, list(last.streams)))
             outputs.close()  # reported done only once the rows are on disk
         for events, streams in results:

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.journal.replay_store import Outputs, open_rows, write_rows
+import pytest
+from rocksdict import Rdict
+
+from pipeline.journal import replay_store
+from pipeline.journal.replay_store import Outputs, open_output, open_rows, write_rows
 
 
 def test_opened_ahead_each_partition_writes_its_own_database(tmp_path: Path) -> None:
@@ -30,3 +34,19 @@ def test_close_releases_databases_opened_ahead_but_never_taken(tmp_path: Path) -
     for partition in range(3):
         again.create(partition)
     again.close()
+
+
+def test_a_partition_opening_already_is_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[Path] = []
+
+    def counted(path: Path) -> Rdict:
+        opened.append(path)
+        return open_output(path)
+
+    monkeypatch.setattr(replay_store, "open_output", counted)
+    outputs = Outputs(tmp_path)
+    outputs.open_ahead([0, 1])
+    outputs.open_ahead([1])  # as replay --jobs 1 asks again for each partition it takes
+    outputs.create(1)
+    outputs.close()
+    assert sorted(opened) == [tmp_path / "rows-0.db", tmp_path / "rows-1.db"]
