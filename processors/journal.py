@@ -21,7 +21,7 @@ from processors import dedupe, grants, idempotency_keys, row_codec, rows
 from processors.dedupe import RowReader
 from processors.reducer import epoch_ms, fold
 from processors.state import AgentState, SourceOffsets
-from schemas.events import TYPED_EVENTS, AppendCommand, OtherEvent, describe_validation_error
+from schemas.events import EVENT_VALIDATORS, AppendCommand, describe_validation_error, validate_other_event
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,9 +116,8 @@ def journal_command(
     if key is not None:
         envelope["idempotencyKey"] = key
     envelope["createdAt"] = next_created_at(now_ms, state.last_event_created_at)
-    model = TYPED_EVENTS.get(command.type, OtherEvent)
     try:
-        event = model.model_validate(envelope)
+        event = EVENT_VALIDATORS.get(command.type, validate_other_event)(envelope)
     except ValidationError as error:
         return Rejected(describe_validation_error(error, command.type))
     record = orjson.dumps(envelope)

@@ -55,6 +55,7 @@ from processors.traceparent import TRACEPARENT
 from schemas.events import (
     AppendCommand,
     describe_validation_error,
+    validate_append_command,
     worker_only_reason,
 )
 from schemas.limits import DEFAULT_MAX_EVENT_BYTES
@@ -203,7 +204,7 @@ class PartitionEngine:
             )
             return self._rejection(command, _parsed_or_none(command.value), reason)
         try:
-            append = AppendCommand.model_validate_json(command.value)
+            append = validate_append_command(command.value)
         except ValidationError as error:
             return self._rejection(command, None, "not an append command: " + describe_validation_error(error))
         misrouted = self._misrouted(command, append.streamPath)
