@@ -2,7 +2,7 @@
 
 The rows are exactly those `PartitionEngine.catch_up` stores for the same records on an empty
 store (same decoding, same reducer, same row codec `processors.row_codec`; the unit tests
-check the two against each other and against the live path). Two things make it cheaper:
+check the two against each other and against the live path). Three things make it cheaper:
 
 - the cheapest exact decoding per record (see `decode_record`). The idempotency row needs the
   digest of the event's raw payload (`processors.journal.payload_hash`); hashing the validated
@@ -14,6 +14,9 @@ check the two against each other and against the live path). Two things make it 
   the batch touched, when the batch is taken. An item replaced or dropped within a batch is
   encoded once or never, and the metadata row (the costliest encoding) once per stream per batch.
   The stored result is the same: each row's last value within the batch.
+- the dedupe rows are staged by the fold itself, in `processors.dedupe.dedupe_rows`' order and with
+  its encodings, from key prefixes built once per stream (test_replay_dedupe.py holds them to the
+  live path's, small windows that fill included).
 """
 
 from __future__ import annotations
