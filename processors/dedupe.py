@@ -35,11 +35,13 @@ def dedupe_rows(
     *,
     window: int,
     read: RowReader,
+    append_key: bytes | None = None,
 ) -> list[rows.Row]:
     """The dedupe rows a journaled event writes (and the append-id row it makes the window forget).
 
     `digest` is the payload hash, required with an idempotency key; `read` sees every row written
-    before this event.
+    before this event; `append_key`, when given, is `rows.append_id_key(path, append_id)` (the
+    caller built it to look the append id up).
     """
     changed: list[rows.Row] = []
     if idempotency_key is not None:
@@ -54,6 +56,8 @@ def dedupe_rows(
         forgotten = read(slot) if offset >= window else None
         if forgotten is not None:
             changed.append((rows.append_id_key(path, row_codec.decode_append_slot(forgotten)), None))
-        changed.append((rows.append_id_key(path, append_id), row_codec.encode_offset(offset)))
+        if append_key is None:
+            append_key = rows.append_id_key(path, append_id)
+        changed.append((append_key, row_codec.encode_offset(offset)))
         changed.append((slot, row_codec.encode_append_slot(append_id)))
     return changed

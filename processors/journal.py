@@ -22,9 +22,10 @@ from processors.dedupe import RowReader
 from processors.reducer import epoch_ms, fold
 from processors.state import AgentState, SourceOffsets
 from schemas.events import EVENT_VALIDATORS, AppendCommand, describe_validation_error, validate_other_event
+from schemas.routing import AGENT_SUBSCRIBED
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)  # not frozen: one per journaled command, and a frozen init costs a call per field
 class Journaled:
     event: Any  # the typed journal event
     record: bytes  # its JSON, as written to agent-journal
@@ -79,8 +80,10 @@ def journal_command(
     """`sealed_later`: leave the stream's item and metadata rows out of the outcome; the caller
     writes them once for many events (`stream_rows`), as the journal worker does per checkpoint."""
     path = command.streamPath
+    append_key = None
     if command.appendId is not None:
-        existing = read(rows.append_id_key(path, command.appendId))
+        append_key = rows.append_id_key(path, command.appendId)
+        existing = read(append_key)
         if existing is not None:
             return Duplicate(row_codec.decode_offset(existing), f"append id {command.appendId!r} was already journaled")
     key = command.idempotencyKey
@@ -96,17 +99,18 @@ def journal_command(
                 "an idempotency key names one exact event forever: use a new key for a new body",
                 key_conflict=True,
             )
-    execution = idempotency_keys.own_script_call_execution(key)
-    if execution is not None and execution not in state.scripts:
-        # A host that stalled past its session may wake in a run another host has already settled
-        # (as crashed): its later calls must not land after the settlement.
-        return Rejected(
-            f"script run {execution!r} is not running in {path} (settled, or never requested): "
-            "a script's calls are accepted only until its run is settled"
-        )
-    refusal = grants.subscription_refusal(path, state.created, state.config.grants, command)
-    if refusal is not None:
-        return Rejected(refusal)
+    if key is not None or command.type == AGENT_SUBSCRIBED:  # neither check applies to the rest (most)
+        execution = idempotency_keys.own_script_call_execution(key)
+        if execution is not None and execution not in state.scripts:
+            # A host that stalled past its session may wake in a run another host has already settled
+            # (as crashed): its later calls must not land after the settlement.
+            return Rejected(
+                f"script run {execution!r} is not running in {path} (settled, or never requested): "
+                "a script's calls are accepted only until its run is settled"
+            )
+        refusal = grants.subscription_refusal(path, state.created, state.config.grants, command)
+        if refusal is not None:
+            return Rejected(refusal)
     envelope: dict[str, Any] = {
         "streamPath": path,
         "offset": state.cursor + 1,
@@ -126,7 +130,15 @@ def journal_command(
             state.changes = {}
         fold(state, event)
         changed = dedupe.dedupe_rows(
-            path, event.offset, event.type, key, digest, command.appendId, window=append_id_window, read=read
+            path,
+            event.offset,
+            event.type,
+            key,
+            digest,
+            command.appendId,
+            window=append_id_window,
+            read=read,
+            append_key=append_key,
         )
     else:
         changed = apply_event(state, event, sources, command.appendId, digest, window=append_id_window, read=read)
