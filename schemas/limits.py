@@ -107,7 +107,7 @@ _CHECKED = frozenset({dict, list, int, float})
 def _numbers_fine(value: Any) -> bool:
     """True when `_first_problem` finds nothing, decided level by level without its stack of
     (node, depth) pairs; False sends the caller to that walk, which names the problem it finds
-    first. Visits exactly the nodes that walk visits (tests/schemas/test_number_check.py holds the
+    first. Visits exactly the nodes that walk visits (tests/schemas/test_fast_paths.py holds the
     two to the same answers)."""
     level = [value] if type(value) in _CONTAINERS else []
     depth = 0
