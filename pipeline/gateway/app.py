@@ -28,16 +28,13 @@ from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
 from pipeline.gateway.commands import (
     Limits,
-    LineResult,
     Problem,
-    Ready,
-    accepted_line,
     batch_answer,
     journaled_line,
     line_error,
     parse_json,
     prepare_command,
-    prepare_line,
+    prepare_lines,
     prepare_submission,
 )
 from pipeline.gateway.console.routes import build_console
@@ -67,7 +64,6 @@ from schemas.gateway import (
     Health,
     Journaled,
 )
-from schemas.outcomes import AppendOutcome
 from topics.names import topic_names
 
 log = logging.getLogger("agentstream.gateway")
@@ -305,49 +301,36 @@ async def _batch(gateway: Gateway, claims: Claims, lines: list[tuple[int, bytes]
     producer's, instead of one small batch per few lines), with one tally of Kafka's
     acknowledgements for all of them; the answer (`BatchResults`) once each is acknowledged (or
     journaled, with `wait`)."""
-    results: list[LineResult] = []
-    prepared: list[tuple[int, Ready]] = []
-    for number, line in lines:
-        decoded = parse_json(line)
-        ready = (
-            decoded
-            if isinstance(decoded, Problem)
-            else prepare_line(claims, decoded, new_append_id(), gateway.topics, gateway.limits)
-        )
-        if isinstance(ready, Problem):
-            if ready.rule is not None:
-                metrics.REFUSALS.labels(ready.rule).inc()
-            results.append(line_error(number, ready))
-        else:
-            prepared.append((len(results), ready))
-            results.append(accepted_line(number, ready))
-    pending: list[tuple[int, Ready, asyncio.Future[AppendOutcome] | None]] = []
+    results, prepared = prepare_lines(claims, lines, gateway.topics, gateway.limits)
+    if len(prepared) < len(results):
+        for result in results:
+            if "rule" in result:
+                metrics.REFUSALS.labels(result["rule"]).inc()
+    readies = [ready for _, ready in prepared]
+    outcomes = [gateway.results.expect(ready.append_id) for ready in readies] if wait else []
     acks = gateway.producer.acknowledgements()
-    to_internal = 0
-    for index, ready in prepared:
-        outcome = gateway.results.expect(ready.append_id) if wait else None
-        try:
-            gateway.submit_into(acks, index, ready)
-        except ApiError as error:
-            gateway.results.forget(ready.append_id)
-            results[index] = line_error(results[index]["line"], error.problem)
-            continue
-        to_internal += ready.topic == gateway.topics.internal_appends
-        pending.append((index, ready, outcome))
-    gateway.count_produced(internal=False, commands=len(pending) - to_internal)
-    gateway.count_produced(internal=True, commands=to_internal)
+    refused = gateway.submit_all(acks, readies)
     acks.seal()
+    for position, problem in refused.items():
+        index, ready = prepared[position]
+        gateway.results.forget(ready.append_id)
+        results[index] = line_error(results[index]["line"], problem)
     await acks.done
-    waiting = [outcome for index, _, outcome in pending if outcome is not None and index not in acks.failures]
+    failures = acks.failures()
+    if not wait and not failures:
+        return batch_answer(results)  # every line produced is acknowledged: its answer stands
+    pending = [(index, ready, position) for position, (index, ready) in enumerate(prepared) if position not in refused]
+    waiting = [outcomes[position] for _, ready, position in pending if wait and ready.value not in failures]
     if waiting:
         await asyncio.wait(waiting, timeout=gateway.settings.gateway_wait_timeout_s)
-    for index, ready, outcome in pending:
+    for index, ready, position in pending:
         number = results[index]["line"]
         gateway.results.forget(ready.append_id)
-        error = acks.failures.get(index)
+        error = failures.get(ready.value)
         if error is not None:
             results[index] = line_error(number, Problem(503, "kafka_unavailable", str(error)))
-        elif outcome is not None:
+        elif wait:
+            outcome = outcomes[position]
             done = outcome.result() if outcome.done() else None
             answer = gateway.timeout_problem(ready) if done is None else journaled(done)
             if isinstance(answer, Problem):

@@ -66,7 +66,7 @@ class CommandProducer:
         self._producer = Producer({**producer_config(settings), "error_cb": self._on_error})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
-        self._delivered: list[tuple[asyncio.Future[None] | Acknowledgements, int, KafkaError | None]] = []
+        self._delivered: list[tuple[asyncio.Future[None], KafkaError | None]] = []
         self._reachable = False
         self.problem = "not connected to Kafka yet"
         self._threads = [
@@ -99,25 +99,36 @@ class CommandProducer:
         future: asyncio.Future[None] = loop.create_future()
 
         def delivered(error: KafkaError | None, _message: Any) -> None:
-            self._delivered.append((future, 0, error))  # on the poll thread; handed over after poll()
+            self._delivered.append((future, error))  # on the poll thread; handed over after poll()
 
         self._produce(topic, key, value, traceparent, delivered)
         return future
 
     def acknowledgements(self) -> Acknowledgements:
-        """A tally for many records produced with `submit_into`: one wake-up for all of them."""
+        """A tally for many records produced with `submit_batch` or `submit_into`."""
         assert self._loop is not None, "CommandProducer.start() first"
         return Acknowledgements(self._loop)
 
+    def submit_batch(self, acks: Acknowledgements, topic: str, records: list[dict[str, Any]]) -> int:
+        """Produce `records` (`{"key": bytes, "value": bytes}`, no headers) to `topic` in one call,
+        each counted by `acks`; returns how many librdkafka took. One it refused at once carries
+        why under `_error` (a KafkaError; `_QUEUE_FULL` while its queue is full).
+
+        Raises KafkaUnavailable at once while the broker is unreachable."""
+        if not self._reachable:
+            raise KafkaUnavailable(f"Kafka is unavailable: {self.problem}")
+        try:
+            taken: int = self._producer.produce_batch(topic, records, on_delivery=acks.report)
+        except KafkaException as error:
+            raise KafkaUnavailable(f"could not produce to {topic}: {error}") from None
+        acks.expected += taken
+        return taken
+
     def submit_into(
-        self, acks: Acknowledgements, index: int, topic: str, key: bytes, value: bytes, traceparent: bytes | None = None
+        self, acks: Acknowledgements, topic: str, key: bytes, value: bytes, traceparent: bytes | None = None
     ) -> None:
-        """Produce one record counted by `acks` under `index` (raises at once like `submit`)."""
-
-        def delivered(error: KafkaError | None, _message: Any) -> None:
-            self._delivered.append((acks, index, error))
-
-        self._produce(topic, key, value, traceparent, delivered)
+        """Produce one record counted by `acks` (raises at once like `submit`)."""
+        self._produce(topic, key, value, traceparent, acks.report)
         acks.expected += 1
 
     def _produce(
@@ -201,45 +212,56 @@ def not_acknowledged(error: KafkaError) -> KafkaUnavailable:
 
 
 class Acknowledgements:
-    """Kafka's answers for many records produced together, tallied on the event loop: `done`
-    resolves once every record produced into it (`expected`) is acknowledged or failed and no
-    more will be (`seal`); `failures` holds each failed record's error by its index."""
+    """Kafka's answers for many records produced together, counted on the poll thread by one
+    callback for all of them (`report`; a callback per record, and an event loop step per answer,
+    cost more than the rest of a batch line): `done` resolves on the event loop once every record
+    produced into it (`expected`) is answered and no more will be (`seal`). `failed` holds each
+    record Kafka did not acknowledge, by its value: every command's value holds its own append id,
+    so the value names its line (`failures`)."""
 
-    __slots__ = ("_sealed", "_settled", "done", "expected", "failures")
+    __slots__ = ("_loop", "_sealed", "_settled", "done", "expected", "failed")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self.done: asyncio.Future[None] = loop.create_future()
         self.expected = 0
-        self.failures: dict[int, KafkaUnavailable] = {}
+        self.failed: list[tuple[bytes, KafkaError]] = []
         self._settled = 0
         self._sealed = False
+
+    def report(self, error: KafkaError | None, message: Any) -> None:
+        """librdkafka's delivery report of one record (on the poll thread, holding the GIL: only
+        this thread counts `_settled`, and whichever of it and `seal` sees the last answer after
+        the seal resolves `done`)."""
+        if error is not None:
+            self.failed.append((message.value(), error))
+        self._settled += 1
+        if self._sealed and self._settled == self.expected:
+            self._loop.call_soon_threadsafe(self._resolve)
 
     def seal(self) -> None:
         """No more records: `done` resolves when the last one produced is answered."""
         self._sealed = True
-        self._finish_if_all_answered()
+        if self._settled >= self.expected:
+            self._resolve()
 
-    def settle(self, index: int, error: KafkaError | None) -> None:
-        if error is not None:
-            self.failures[index] = not_acknowledged(error)
-        self._settled += 1
-        self._finish_if_all_answered()
+    def failures(self) -> dict[bytes, KafkaUnavailable]:
+        """Once `done`: each record Kafka did not acknowledge, by its value."""
+        return {value: not_acknowledged(error) for value, error in self.failed}
 
-    def _finish_if_all_answered(self) -> None:
-        if self._sealed and self._settled >= self.expected and not self.done.done():
+    def _resolve(self) -> None:
+        if not self.done.done():
             self.done.set_result(None)
 
 
-def _settle_all(batch: list[tuple[asyncio.Future[None] | Acknowledgements, int, KafkaError | None]]) -> None:
-    for target, index, error in batch:
-        if type(target) is Acknowledgements:
-            target.settle(index, error)
-        elif target.done():
+def _settle_all(batch: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
+    for future, error in batch:
+        if future.done():
             continue
-        elif error is None:
-            target.set_result(None)
+        if error is None:
+            future.set_result(None)
         else:
-            target.set_exception(not_acknowledged(error))
+            future.set_exception(not_acknowledged(error))
 
 
 class ResultsFollower:

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 
 import orjson
+from confluent_kafka import KafkaError
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
@@ -114,13 +115,37 @@ class Gateway:
         self.count_produced(ready.topic == self.topics.internal_appends)
         return future
 
-    def submit_into(self, acks: Acknowledgements, index: int, ready: Ready) -> None:
-        """Produce one of many commands, its acknowledgement tallied by `acks` (and counted by the
-        caller with `count_produced`); raises like `submit`."""
-        try:
-            self.producer.submit_into(acks, index, ready.topic, ready.key, ready.value, _traceparent(ready))
-        except (Saturated, KafkaUnavailable) as error:
-            raise _producer_refusal(error) from None
+    def submit_all(self, acks: Acknowledgements, readies: list[Ready]) -> dict[int, Problem]:
+        """Produce many commands, each acknowledgement tallied by `acks`, and count them: the
+        producer's immediate refusal of each it did not take, by its index (429 while its queue is
+        full, 503 while Kafka is unreachable). Without a traceparent header to send (tracing off,
+        none in the request) each topic's records go in one call."""
+        refused: dict[int, Problem] = {}
+        if tracing.ON or tracing.PARENT.get() is not None:
+            for index, ready in enumerate(readies):
+                try:
+                    self.producer.submit_into(acks, ready.topic, ready.key, ready.value, _traceparent(ready))
+                except (Saturated, KafkaUnavailable) as error:
+                    refused[index] = _producer_refusal(error).problem
+                else:
+                    self.count_produced(ready.topic == self.topics.internal_appends)
+            return refused
+        by_topic: dict[str, list[int]] = {}
+        for index, ready in enumerate(readies):
+            by_topic.setdefault(ready.topic, []).append(index)
+        for topic, indices in by_topic.items():
+            records = [{"key": readies[index].key, "value": readies[index].value} for index in indices]
+            try:
+                taken = self.producer.submit_batch(acks, topic, records)
+            except KafkaUnavailable as unavailable:
+                refused.update((index, _producer_refusal(unavailable).problem) for index in indices)
+                continue
+            if taken < len(records):
+                for index, record in zip(indices, records, strict=True):
+                    if "_error" in record:
+                        refused[index] = _producer_refusal(_not_taken(topic, record["_error"])).problem
+            self.count_produced(topic == self.topics.internal_appends, taken)
+        return refused
 
     def count_produced(self, internal: bool, commands: int = 1) -> None:
         (metrics.COMMANDS_TO_INTERNAL if internal else metrics.COMMANDS_TO_APPENDS).inc(commands)
@@ -183,6 +208,13 @@ def _producer_refusal(error: Saturated | KafkaUnavailable) -> ApiError:
         return ApiError(Problem(429, "saturated", f"{error}; retry shortly"), {"Retry-After": RETRY_AFTER_S})
     metrics.REFUSALS.labels("unavailable").inc()
     return ApiError(Problem(503, "kafka_unavailable", str(error)), {"Retry-After": "5"})
+
+
+def _not_taken(topic: str, error: KafkaError) -> Saturated | KafkaUnavailable:
+    """Why librdkafka did not take a record of a batch, as `submit` would have raised it."""
+    if error.code() == KafkaError._QUEUE_FULL:
+        return Saturated("the gateway's producer queue is full")
+    return KafkaUnavailable(f"could not produce to {topic}: {error}")
 
 
 def _traceparent(ready: Ready) -> bytes | None:

@@ -4,18 +4,27 @@ one the full route gives (docs/behaviour.md §7.1, the append gate; §7.2)."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
+from unittest import mock
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from pipeline.gateway import commands
 from pipeline.gateway.commands import (
     Limits,
+    LineResult,
     Problem,
     Ready,
+    accepted_line,
+    line_error,
+    parse_json,
     prepare_command,
     prepare_line,
+    prepare_lines,
     prepare_submission,
 )
 from processors.gate import Claims
@@ -145,3 +154,40 @@ def test_7_1_a_plain_item_is_stamped_and_sized_like_any_other() -> None:
     assert isinstance(too_large, Problem) and too_large.status == 413
     refused = prepare_line(user, {**item, "payload": {"role": "developer", "content": "hi"}}, "id-4", TOPICS, LIMITS)
     assert isinstance(refused, Problem) and refused.rule == "user-role"
+
+
+# An NDJSON batch's lines prepared together answer as each line prepared alone: accepted with its
+# command, or its error, in line order (plain items, other bodies, and lines that are not JSON).
+PLAIN_LINES = st.builds(
+    lambda path, event_type, role, content: {
+        "streamPath": path,
+        "type": event_type,
+        "payload": {"role": role, "content": content},
+    },
+    PLAIN_PATHS,
+    PLAIN_TYPES,
+    PLAIN_ROLES,
+    CONTENTS,
+)
+LINES = st.one_of(BODIES.map(orjson.dumps), PLAIN_LINES.map(orjson.dumps), st.sampled_from([b"{nope", b"[1,", b"\xff"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(CLAIMS), st.lists(LINES, max_size=8))
+def test_7_2_a_batch_of_lines_answers_as_each_line_alone(claims: Claims, raw_lines: list[bytes]) -> None:
+    lines = [(number, line) for number, line in enumerate(raw_lines, 3)]
+    with mock.patch.object(commands, "new_append_id", side_effect=map(str, itertools.count())):
+        results, prepared = prepare_lines(claims, lines, TOPICS, LIMITS)
+    ids = map(str, itertools.count())
+    expected: list[LineResult] = []
+    expected_prepared: list[tuple[int, Ready]] = []
+    for number, line in lines:
+        body = parse_json(line)
+        answer = body if isinstance(body, Problem) else prepare_line(claims, body, next(ids), TOPICS, LIMITS)
+        if isinstance(answer, Problem):
+            expected.append(line_error(number, answer))
+        else:
+            expected_prepared.append((len(expected), answer))
+            expected.append(accepted_line(number, answer))
+    assert results == expected
+    assert prepared == expected_prepared
