@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterable, Sequence
+from typing import get_args
 
 import orjson
 
@@ -31,7 +32,7 @@ from processors import dedupe, row_codec, rows
 from processors.dedupe import RowReader
 from processors.journal import payload_hash
 from processors.reducer import fold
-from processors.state import AgentState, SourceOffsets
+from processors.state import AgentState, LaneName, SourceOffsets
 from schemas.events import (
     CONSUMED_TYPES,
     EnvelopeError,
@@ -50,6 +51,12 @@ Event = JournalEvent | InvalidPayloadEvent
 _TYPE_FIELD = b'"type":"'  # the envelope's third field as the worker writes it (streamPath holds no quote)
 _CONSUMED = frozenset(event_type.encode() for event_type in CONSUMED_TYPES)
 _SLOT = struct.Struct(">Q")  # an append-id window slot's number, the last part of its key (`rows.append_slot_key`)
+# An item's seq, the last part of its key (`rows.item_key`): biased so that byte order is numeric order.
+_SEQ, _SEQ_BIAS = struct.Struct(">Q"), 1 << 63
+_LANES: tuple[LaneName, ...] = get_args(LaneName)
+# Row values built inline from a format (test_replay_fold.py holds them to the codec's functions):
+_MARK = row_codec.encode_append_slot("")  # an append-id slot: the marker, then the id's bytes
+_OFFSET_ROW = row_codec.encode_offset(0)[:-1] + b"%d"  # an append-id row: the marker, then the offset
 
 
 def decode_record(value: bytes) -> tuple[Event, str | None]:
@@ -92,8 +99,11 @@ def _sniffed_type(value: bytes) -> bytes | None:
     return None if end < 0 else value[start:end]
 
 
-def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, int, str | None]:
-    """(read from the internal command topic, source offset, append id) of a journal record."""
+def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, int, bytes | None]:
+    """(read from the internal command topic, source offset, append id as UTF-8) of a journal record.
+
+    The append id is checked to be UTF-8 (`UnicodeDecodeError` as the live path's decoding raises)
+    and kept in bytes: its rows hold it encoded."""
     internal, source_offset, append_id = False, -1, None
     for name, value in headers or ():
         if name == H_SOURCE_OFFSET:
@@ -101,12 +111,22 @@ def journal_headers(headers: Sequence[tuple[str, bytes]] | None) -> tuple[bool, 
         elif name == H_SOURCE_TOPIC:
             internal = value == INTERNAL
         elif name == H_APPEND_ID:
-            append_id = value.decode()
+            value.decode()  # only checked: a key and a slot hold the bytes of the decoded id
+            append_id = value
     return internal, source_offset, append_id
 
 
 class _Stream:
-    __slots__ = ("append_id_prefix", "appends", "idempotency_prefix", "internal", "path", "slot_prefix", "state")
+    __slots__ = (
+        "append_id_prefix",
+        "appends",
+        "idempotency_prefix",
+        "internal",
+        "item_prefixes",
+        "path",
+        "slot_prefix",
+        "state",
+    )
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -118,6 +138,8 @@ class _Stream:
         self.idempotency_prefix = rows.idempotency_key(path, "")
         self.append_id_prefix = rows.append_id_key(path, "")
         self.slot_prefix = rows.append_slot_key(path, 0)[: -_SLOT.size]
+        # Its item keys likewise, per lane (`row_codec.change_rows`' keys, built once per stream).
+        self.item_prefixes = {lane: rows.item_key(path, lane, 0)[: -_SEQ.size] for lane in _LANES}
 
     def sources(self) -> SourceOffsets:
         return SourceOffsets(self.appends, self.internal)
@@ -153,11 +175,7 @@ class PartitionFold:
         streams, staged, touched = self.streams, self._rows, self._touched
         # Bound once: this loop runs once per journal record.
         read, window, pack_slot = self._read, self.append_id_window, _SLOT.pack
-        encode_idempotency, encode_offset, encode_append_slot = (
-            row_codec.encode_idempotency,
-            row_codec.encode_offset,
-            row_codec.encode_append_slot,
-        )
+        encode_idempotency, offset_row = row_codec.encode_idempotency, _OFFSET_ROW
         folded = 0
         kafka_offset = None  # the last record's offset is the partition's position
         for kafka_offset, value, headers in records:
@@ -194,8 +212,9 @@ class PartitionFold:
                     forgotten = read(slot)
                     if forgotten is not None:
                         staged[stream.append_id_prefix + row_codec.decode_append_slot(forgotten).encode()] = None
-                staged[stream.append_id_prefix + append_id.encode()] = encode_offset(offset)
-                staged[slot] = encode_append_slot(append_id)
+                # `row_codec.encode_offset(offset)` and `row_codec.encode_append_slot(<the id>)`, inline
+                staged[stream.append_id_prefix + append_id] = offset_row % offset
+                staged[slot] = _MARK + append_id
             touched[path] = stream
             folded += 1
         if kafka_offset is not None:
@@ -211,8 +230,12 @@ class PartitionFold:
     def take(self) -> dict[bytes, bytes | None]:
         """The rows changed since the last take (each with its latest value); starts a new batch."""
         staged = self._rows
+        encode_cell, pack_seq = row_codec.encode_cell, _SEQ.pack
         for path, stream in self._touched.items():
-            staged.update(row_codec.change_rows(path, stream.state.drain_changes()))
+            # `row_codec.change_rows`, with the stream's key prefixes
+            prefixes = stream.item_prefixes
+            for (lane, seq), cell in stream.state.drain_changes().items():
+                staged[prefixes[lane] + pack_seq(seq + _SEQ_BIAS)] = None if cell is None else encode_cell(cell)
             staged[rows.meta_key(path)] = row_codec.encode_meta(stream.state, stream.sources())
         if self._position is not None:
             staged[rows.position_key(self.partition)] = row_codec.encode_offset(self._position)

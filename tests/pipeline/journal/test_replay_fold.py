@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
-from pipeline.journal.replay_fold import PartitionFold, Record, decode_record
+from pipeline.journal.replay_fold import PartitionFold, Record, decode_record, journal_headers
 from processors import row_codec, rows
 from processors.journal import Journaled, journal_command, payload_hash
 from processors.state import AgentState, SourceOffsets
@@ -351,3 +351,10 @@ def test_take_returns_each_changed_row_once_with_its_latest_value() -> None:
     items = [value for key, value in batch.items() if key.startswith(rows.items_prefix("/agents/slot"))]
     assert len(items) == 1 and row_codec.decode_cell(items[0]).item.content == "v4"
     assert fold.take() == {}  # nothing changed since
+
+
+def test_an_append_id_that_is_not_utf8_is_refused_as_the_live_path_refuses_it() -> None:
+    # The fold keeps the id's bytes for its rows, but checks them as the live path's decoding does.
+    with pytest.raises(UnicodeDecodeError):
+        journal_headers([(H_SOURCE_OFFSET, b"3"), (H_APPEND_ID, b"\xff")])
+    assert journal_headers([(H_APPEND_ID, "ü".encode()), (H_SOURCE_TOPIC, INTERNAL)]) == (True, -1, "ü".encode())
