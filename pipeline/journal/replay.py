@@ -30,7 +30,7 @@ import queue
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from tqdm import tqdm
 from pipeline.journal.replay_fold import PartitionFold, Record
 from pipeline.journal.replay_store import Outputs, RdictRows, prepare_out_dir, write_rows
 from pipeline.kafka.partitioner import partition_for
-from pipeline.kafka.read import read_ranges, watermarks
+from pipeline.kafka.read import consume_ready, watermarks
 from pipeline.settings import Settings
 from processors import dedupe
 from topics.admin import KafkaSetupError, quiet_librdkafka
@@ -124,21 +124,52 @@ def replay_partition(
     Records are consumed in batches; each batch's rows are written in one `WriteBatch`.
     `report(n)` is told how many records each batch consumed (progress).
     """
-    fold = _fold_partition(consumer, topic, task, lambda: db, only_path, report, append_id_window)
+    _start_reading(consumer, topic, task)
+    batches = _read_partition(consumer, topic, task)
+    fold = _fold_partition(batches, task, lambda: db, only_path, report, append_id_window)
     return fold.folded, list(fold.streams)
 
 
+def _start_reading(consumer: Consumer, topic: str, task: PartitionTask) -> None:
+    """Assign `consumer` to the task's partition from its start: librdkafka's threads fetch from
+    here on, so a consumer started ahead has records waiting when `_read_partition` asks."""
+    consumer.assign([TopicPartition(topic, task.partition, task.low)])
+
+
+def _read_partition(consumer: Consumer, topic: str, task: PartitionTask) -> Iterator[list[Message]]:
+    """`pipeline.kafka.read.read_ranges` of the one partition `consumer` reads (`_start_reading`):
+    batches of its records until the consumer's position reaches `task.high`, the end replay began
+    with (by position: the last offsets may be transaction markers). A batch wholly before that
+    end and without errors, the usual one, is passed on as it came."""
+    if task.low >= task.high:
+        return
+    high, partition = task.high, [TopicPartition(topic, task.partition)]
+    while True:
+        messages = consume_ready(consumer, BATCH, 1.0)
+        if messages:
+            last = messages[-1]  # one partition: offsets grow along the batch
+            if last.error() is None and last.offset() < high and not any(map(Message.error, messages)):
+                yield messages
+            else:
+                batch = [m for m in messages if m.error() is None and m.offset() < high]
+                if batch:
+                    yield batch
+        # Asked after every poll, records or none: a trailing marker moves only the position.
+        if consumer.position(partition)[0].offset >= high:  # unknown before any fetch: negative
+            return
+
+
 def _fold_partition(
-    consumer: Consumer,
-    topic: str,
+    batches: Iterable[list[Message]],
     task: PartitionTask,
     output: Callable[[], Rdict],
     only_path: str | None,
     report: Callable[[int], None],
     append_id_window: int,
 ) -> PartitionFold:
-    """`replay_partition`, giving back the fold itself: its projections are freed where the caller
-    drops it (freeing a partition's projections takes about 6 % of folding them).
+    """`replay_partition` of the partition's `batches` (`_read_partition`), giving back the fold
+    itself: its projections are freed where the caller drops it (freeing a partition's projections
+    takes about 6 % of folding them).
 
     `output()` gives the partition's database; it is first asked for once records are in, so that
     a database opened ahead (`Outputs.open_ahead`) opens while the first ones are fetched.
@@ -156,8 +187,7 @@ def _fold_partition(
 
     fold = PartitionFold(task.partition, append_id_window=append_id_window, read=read)
     only_key = None if only_path is None else only_path.encode()
-    ranges = {task.partition: (task.low, task.high)}  # up to the end replay began with: later records are not ours
-    for messages in read_ranges(consumer, topic, ranges, max_messages=BATCH, poll_s=1.0):
+    for messages in batches:
         wanted = messages if only_key is None else [message for message in messages if message.key() == only_key]
         fold.fold(_records(wanted))
         staged = fold.take()
@@ -198,6 +228,7 @@ def replay(
     started = time.monotonic()
     consumer = _consumer(settings.kafka_consumer_config())
     helpers: _Helpers | None = None
+    readers: _Readers | None = None
     outputs = Outputs(out_dir)
     try:
         partitions = _journal_partitions(consumer, names.journal)
@@ -227,12 +258,15 @@ def replay(
 
             if helpers is not None:
                 helpers.hand_out(tasks)
+            readers = _Readers(consumer, settings.kafka_consumer_config(), names.journal)
             with _folding_gc():
-                for task in iter(helpers.take, None) if helpers is not None else tasks:
+                for number, task in enumerate(iter(helpers.take, None) if helpers is not None else tasks):
                     outputs.open_ahead([task.partition])  # unless opening already (--jobs 1)
+                    batches = readers.read(task)
+                    if helpers is None and number + 1 < len(tasks):
+                        readers.start_ahead(tasks[number + 1])
                     fold = _fold_partition(
-                        consumer,
-                        names.journal,
+                        batches,
                         task,
                         functools.partial(outputs.create, task.partition),
                         only_path,
@@ -250,11 +284,49 @@ def replay(
             bar.total = bar.n  # the ends' sum was an upper bound: transaction markers take offsets too
     finally:
         outputs.close()
+        if readers is not None:
+            readers.close()
         consumer.close()
         if helpers is not None:
             helpers.close()
     stats.seconds = time.monotonic() - started
     return stats
+
+
+class _Readers:
+    """The consumers one process reads partitions with: its own, and for `--jobs 1` one more per
+    partition, started while the partition before it is folded, so that its first fetch (10-100 ms
+    measured) passes meanwhile on librdkafka's threads. At most two read at once, and librdkafka
+    bounds what each fetches ahead (`queued.max.messages.kbytes`)."""
+
+    def __init__(self, consumer: Consumer, client_config: dict[str, Any], topic: str) -> None:
+        self.consumer = consumer  # reads every partition not started ahead
+        self.client_config = client_config
+        self.topic = topic
+        self._ahead: dict[int, Consumer] = {}
+
+    def start_ahead(self, task: PartitionTask) -> None:
+        if task.partition not in self._ahead:
+            ahead = self._ahead[task.partition] = _consumer(self.client_config)
+            _start_reading(ahead, self.topic, task)
+
+    def read(self, task: PartitionTask) -> Iterator[list[Message]]:
+        """The task's batches (`_read_partition`), from a consumer started ahead if there is one."""
+        ahead = self._ahead.pop(task.partition, None)
+        if ahead is None:
+            _start_reading(self.consumer, self.topic, task)
+            return _read_partition(self.consumer, self.topic, task)
+        return self._read_ahead(ahead, task)
+
+    def _read_ahead(self, consumer: Consumer, task: PartitionTask) -> Iterator[list[Message]]:
+        try:
+            yield from _read_partition(consumer, self.topic, task)
+        finally:
+            consumer.close()  # its partition is read (or replay stopped)
+
+    def close(self) -> None:
+        while self._ahead:
+            self._ahead.popitem()[1].close()
 
 
 class _Helpers:
@@ -394,7 +466,9 @@ def _replay_worker(
                 last = None  # the previous partition's projections, freed before the next is folded
                 outputs.open_ahead([task.partition])
                 output = functools.partial(outputs.create, task.partition)
-                last = _fold_partition(consumer, topic, task, output, only_path, report, append_id_window)
+                _start_reading(consumer, topic, task)
+                batches = _read_partition(consumer, topic, task)
+                last = _fold_partition(batches, task, output, only_path, report, append_id_window)
                 results.append((last.folded, list(last.streams)))
             outputs.close()  # reported done only once the rows are on disk
         for events, streams in results:
