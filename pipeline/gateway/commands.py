@@ -97,6 +97,7 @@ def prepare_lines(
     results: list[LineResult] = []
     prepared: list[tuple[int, Ready]] = []
     loads, decode_error, append, plain_item = orjson.loads, orjson.JSONDecodeError, results.append, _plain_item
+    known: dict[tuple[str, str, str], tuple[_ItemTemplate, bytes] | None] = {}
     for number, line in lines:
         try:
             body = loads(line)
@@ -104,7 +105,7 @@ def prepare_lines(
             append(line_error(number, _invalid_json(error)))
             continue
         append_id = new_append_id()
-        ready = plain_item(claims, body, append_id, topics, limits) if type(body) is dict else None
+        ready = plain_item(claims, body, append_id, topics, limits, known) if type(body) is dict else None
         if ready is None:
             ready = prepare_line(claims, body, append_id, topics, limits)
             if isinstance(ready, Problem):
@@ -178,13 +179,24 @@ class _ItemTemplate:
 # Keyed by the identity of the token's claims (one object per token until its file is reloaded),
 # the topics and the limits, which the entry holds so that their ids are not reused: hashing the
 # dataclasses themselves would cost more than the rest of the lookup.
-_templates: dict[tuple[int, int, int, str, str, str], tuple[Claims, TopicNames, Limits, _ItemTemplate | None]] = {}
+_templates: dict[
+    tuple[int, int, int, str, str, str], tuple[Claims, TopicNames, Limits, tuple[_ItemTemplate, bytes] | None]
+] = {}
 
 
 def _plain_item(
-    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits
+    claims: Claims,
+    raw: dict[str, Any],
+    append_id: str,
+    topics: TopicNames,
+    limits: Limits,
+    known: dict[tuple[str, str, str], tuple[_ItemTemplate, bytes] | None] | None = None,
 ) -> Ready | None:
-    """`raw` prepared from its template, or None: not a plain item, refused, or over the size."""
+    """`raw` prepared from its template, or None: not a plain item, refused, or over the size.
+
+    `known`: the templates (and the stream path's bytes) already looked up for these claims,
+    topics and limits, by stream path, type and role: a batch keeps one, which spares each line
+    the lookup in `_templates`."""
     payload, path, event_type = raw.get("payload"), raw.get("streamPath"), raw.get("type")
     if len(raw) != 3 or type(payload) is not dict or len(payload) != 2:
         return None
@@ -193,20 +205,15 @@ def _plain_item(
         return None
     if not 0 < len(append_id) <= MAX_APPEND_ID_CHARS:
         return None
-    key = (id(claims), id(topics), id(limits), path, event_type, role)
-    entry = _templates.get(key)
-    if entry is None:
-        if len(_templates) >= _MAX_TEMPLATES:
-            _templates.clear()
-        entry = _templates[key] = (
-            claims,
-            topics,
-            limits,
-            _item_template(claims, path, event_type, role, topics, limits),
-        )
-    template = entry[3]
-    if template is None:
+    if known is None:
+        found = _template(claims, path, event_type, role, topics, limits)
+    else:
+        found = known.get((path, event_type, role), _UNKNOWN)
+        if found is _UNKNOWN:
+            found = known[path, event_type, role] = _template(claims, path, event_type, role, topics, limits)
+    if found is None:
         return None
+    template, key_bytes = found
     value = b"".join(
         (
             template.before_content,
@@ -218,7 +225,24 @@ def _plain_item(
     )
     if len(value) > limits.max_event_bytes:
         return None
-    return Ready(template.topic, path.encode(), value, path, append_id)
+    return Ready(template.topic, key_bytes, value, path, append_id)
+
+
+_UNKNOWN: Any = object()
+
+
+def _template(
+    claims: Claims, path: str, event_type: str, role: str, topics: TopicNames, limits: Limits
+) -> tuple[_ItemTemplate, bytes] | None:
+    """The template of a plain item (and its stream path's bytes, the record's key), or None."""
+    key = (id(claims), id(topics), id(limits), path, event_type, role)
+    entry = _templates.get(key)
+    if entry is None:
+        if len(_templates) >= _MAX_TEMPLATES:
+            _templates.clear()
+        template = _item_template(claims, path, event_type, role, topics, limits)
+        entry = _templates[key] = (claims, topics, limits, None if template is None else (template, path.encode()))
+    return entry[3]
 
 
 def _item_template(

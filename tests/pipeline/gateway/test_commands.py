@@ -172,8 +172,23 @@ PLAIN_LINES = st.builds(
 LINES = st.one_of(BODIES.map(orjson.dumps), PLAIN_LINES.map(orjson.dumps), st.sampled_from([b"{nope", b"[1,", b"\xff"]))
 
 
+# Batches of plain items only, from few streams, types and roles: a batch looks each template up
+# once, and every line of the same stream, type and role (and none other) must share it.
+FEW_PLAIN_LINES = st.builds(
+    lambda path, event_type, role, content: {
+        "streamPath": path,
+        "type": event_type,
+        "payload": {"role": role, "content": content},
+    },
+    st.sampled_from(["/agents/a/one", "/agents/b", "/other"]),
+    st.sampled_from([CONTEXT_ADDED, "acme/other"]),
+    st.sampled_from(["user", "developer", "assistant"]),
+    st.sampled_from(["hi", "x" * 1_990]),
+).map(orjson.dumps)
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(CLAIMS), st.lists(LINES, max_size=8))
+@given(st.sampled_from(CLAIMS), st.one_of(st.lists(LINES, max_size=8), st.lists(FEW_PLAIN_LINES, max_size=12)))
 def test_7_2_a_batch_of_lines_answers_as_each_line_alone(claims: Claims, raw_lines: list[bytes]) -> None:
     lines = [(number, line) for number, line in enumerate(raw_lines, 3)]
     with mock.patch.object(commands, "new_append_id", side_effect=map(str, itertools.count())):
