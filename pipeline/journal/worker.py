@@ -32,6 +32,7 @@ from aiokafka.structs import TopicPartition
 from rocksdict import WriteBatch
 
 from pipeline import exit_codes, metrics
+from pipeline.journal import heap
 from pipeline.journal.command_reader import CommandReader
 from pipeline.journal.due_timer import DueTimer
 from pipeline.journal.engine import PartitionEngine
@@ -282,6 +283,12 @@ def build_app(settings: Settings) -> faust.App:
             ends = await command_ends(partition)
             await recover(engine)
             if partition in owned_now() and engine.active:  # not revoked meanwhile by another rebalance
+                # Everything loaded and recovered so far (Faust, aiokafka, pydantic's schemas, the
+                # re-folded streams) out of the cyclic collector's view before commands flow: the
+                # engine settles only every `heap.SETTLE_EVERY` commands, and until then each full
+                # collection rescanned it all, a 60-110 ms pause of every partition at a few hundred
+                # commands/s (bench/capabilities.py --rate 40).
+                heap.settle()
                 reader.own(engine)
                 task = asyncio.get_running_loop().create_task(
                     after_backlog(engine, ends), name=f"after-backlog-{partition}"
