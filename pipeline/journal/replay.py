@@ -139,19 +139,23 @@ def _start_reading(consumer: Consumer, topic: str, task: PartitionTask) -> None:
 def _read_partition(consumer: Consumer, topic: str, task: PartitionTask) -> Iterator[list[Message]]:
     """`pipeline.kafka.read.read_ranges` of the one partition `consumer` reads (`_start_reading`):
     batches of its records until the consumer's position reaches `task.high`, the end replay began
-    with (by position: the last offsets may be transaction markers). A batch wholly before that
-    end and without errors, the usual one, is passed on as it came."""
+    with (by position: the last offsets may be transaction markers). Records with errors, of
+    another partition (one the consumer read before) or past that end are left out; the usual
+    batch has none and is passed on as it came, checked in C (no Python frame per message)."""
     if task.low >= task.high:
         return
-    high, partition = task.high, [TopicPartition(topic, task.partition)]
+    high, number, partition = task.high, task.partition, [TopicPartition(topic, task.partition)]
     while True:
         messages = consume_ready(consumer, BATCH, 1.0)
         if messages:
-            last = messages[-1]  # one partition: offsets grow along the batch
-            if last.error() is None and last.offset() < high and not any(map(Message.error, messages)):
+            if (
+                messages[-1].offset() < high  # offsets grow along a partition's batch
+                and not any(map(Message.error, messages))
+                and set(map(Message.partition, messages)) == {number}
+            ):
                 yield messages
             else:
-                batch = [m for m in messages if m.error() is None and m.offset() < high]
+                batch = [m for m in messages if m.error() is None and m.partition() == number and m.offset() < high]
                 if batch:
                     yield batch
         # Asked after every poll, records or none: a trailing marker moves only the position.
