@@ -15,7 +15,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,24 +52,38 @@ class TransactionalProducer(Protocol):
         headers: Headers | None = None,
         on_delivery: OnDelivery | None = None,
     ) -> None: ...
+    def send_rows(self, topic: str, partition: int, rows: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Rows without headers or callback, in one call; their order among themselves may change."""
+
     async def barrier(self) -> None: ...
     async def commit(self) -> None: ...
 
 
 def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
-    """The order of one checkpoint's rows on the changelog: item, dedupe and other rows, then each
-    stream's metadata row (its commit point: cursor and seq range), then the partition's
-    positions (`p`, `c`), which claim everything before them.
+    """The order of one checkpoint's rows on the changelog (`changelog_groups`, one after another)."""
+    rows_first, metas, positions = changelog_groups(burst)
+    return rows_first + metas + positions
+
+
+Rows = list[tuple[bytes, bytes | None]]
+
+
+def changelog_groups(burst: dict[bytes, bytes | None]) -> tuple[Rows, Rows, Rows]:
+    """One checkpoint's rows in the three groups the changelog holds in turn: item, dedupe and
+    other rows; then each stream's metadata row (its commit point: cursor and seq range); then the
+    partition's positions (`p`, `c`), which claim everything before them. Within a group, order
+    does not matter.
 
     Inside a transaction a restore sees all of a checkpoint or none of it. Without transactions
-    (`AGENTSTREAM_TRANSACTIONS=false`) a worker killed mid-checkpoint leaves a prefix on the
-    changelog; in this order every prefix is one that catch-up completes: rows restored without
-    their metadata row lie past the stream's cursor and seq range, where loading ignores them and
-    re-folding rewrites them identically.
+    (`AGENTSTREAM_TRANSACTIONS=false`) a worker killed mid-checkpoint leaves part of it on the
+    changelog, groups in this order; every such part is one that catch-up completes: rows restored
+    without their metadata row lie past the stream's cursor and seq range, where loading ignores
+    them and re-folding rewrites them identically, and a stream's metadata row claims only rows
+    of the group before it.
     """
-    rows_first: list[tuple[bytes, bytes | None]] = []
-    metas: list[tuple[bytes, bytes | None]] = []
-    positions: list[tuple[bytes, bytes | None]] = []
+    rows_first: Rows = []
+    metas: Rows = []
+    positions: Rows = []
     for row in burst.items():
         kind = row[0][0]  # every row key starts with its kind's byte (processors/rows.py)
         if kind == _META_KIND:
@@ -78,7 +92,7 @@ def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes
             positions.append(row)
         else:
             rows_first.append(row)
-    return rows_first + metas + positions
+    return rows_first, metas, positions
 
 
 _META_KIND = rows.META[0]
@@ -154,10 +168,11 @@ class Checkpoint:
            transaction the commit makes everything visible at once.)
         4. Produce the follow-ups (llm-requests, script-runs, the workers' own commands), then the
            outcomes on `results_topic`, many to a record.
-        5. Produce the rows to the changelog, one record per changed key, in `changelog_order`,
-           the positions last: `c`, how far each command topic is read (`done` for a topic this
-           checkpoint read nothing of), and `p`, a journal offset whose rows are stored, at or
-           after `journal_position` (recovery re-folds the journal past it).
+        5. Produce the rows to the changelog, one record per changed key, group after group of
+           `changelog_groups` (a group in one `send_rows` call, its last row alone: it carries
+           the delivery callback), the positions last: `c`, how far each command topic is read
+           (`done` for a topic this checkpoint read nothing of), and `p`, a journal offset whose
+           rows are stored, at or after `journal_position` (recovery re-folds the journal past it).
         6. Commit the transaction (flush, then commit). A fenced producer raises `Fenced`: nothing
            of this checkpoint becomes visible, and the partition must be dropped at once. Any
            other failure leaves the local store untouched and is fatal for the worker.
@@ -194,12 +209,16 @@ class Checkpoint:
             for value in outcome_records(self.outcomes):
                 send(results_topic, None, value, partition, None)
             self._positions(done, max(journal_position, self.journal_offset))
-            ordered = changelog_order(self.rows)
-            changelog, last_row = store.changelog_topic, len(ordered) - 1
-            for index, (key, value) in enumerate(ordered):  # 5
-                send(changelog, key, value, partition, None, on_changelog if index == last_row else None)
+            changelog = store.changelog_topic
+            groups = [group for group in changelog_groups(self.rows) if group]
+            if groups:  # 5
+                last_key, last_value = groups[-1].pop()
+                for group in groups:
+                    if group:
+                        producer.send_rows(changelog, partition, group)
+                send(changelog, last_key, last_value, partition, None, on_changelog)
             await producer.commit()  # 6
-            if ordered:  # 7
+            if groups:  # 7
                 if self.changelog_offset < 0:
                     raise RuntimeError(f"partition {partition}: changelog committed without its offsets")
                 store.write(self.rows, self.changelog_offset)

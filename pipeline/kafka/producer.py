@@ -146,6 +146,23 @@ class PartitionProducer:
             except KafkaException as error:
                 self._raise(error, "produce")
 
+    def send_rows(self, topic: str, partition: int, rows: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Rows (key, value; None: a tombstone) with no headers and no delivery callback, in one
+        `produce_batch` call: about half the CPU of a produce per row. A row the full queue refused
+        is produced again after a poll, so rows of one call may land out of their order: only
+        rows whose order does not matter to each other go together (`Checkpoint.commit`)."""
+        pending = [{"key": key, "value": value} for key, value in rows]
+        while pending:
+            self._producer.produce_batch(topic, pending, partition=partition)
+            refused = [message for message in pending if "_error" in message]
+            for message in refused:
+                error = message.pop("_error")
+                if error.code() != KafkaError._QUEUE_FULL:
+                    self._raise(KafkaException(error), "produce")
+            if refused:
+                self._producer.poll(0.05)
+            pending = refused
+
     async def barrier(self, timeout_s: float = 60.0) -> None:
         """Without transactions: wait until everything produced so far is acknowledged, so nothing
         produced after it is visible before it. Inside a transaction the commit makes a checkpoint's

@@ -98,6 +98,10 @@ class FakeTransactions:
         self.offsets[topic] = offset + 1
         self.open.append((Record(topic, key, value or b"", dict(headers or ()), offset), on_delivery))
 
+    def send_rows(self, topic: str, partition: int, rows: Any) -> None:
+        for key, value in rows:
+            self.send(topic, key, value, partition)
+
     async def barrier(self) -> None:
         self._step("barrier")
 

@@ -11,6 +11,7 @@ partition.
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import orjson
@@ -18,7 +19,7 @@ import pytest
 
 from pipeline import metrics
 from pipeline.journal import records
-from pipeline.journal.checkpoint import Checkpoint, CommandPositions, Status, changelog_order
+from pipeline.journal.checkpoint import Checkpoint, CommandPositions, Status, changelog_groups
 from pipeline.journal.decisions import CommandRecord
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
@@ -470,25 +471,35 @@ def test_an_item_larger_than_the_models_window_renders_cut_with_a_notice() -> No
 
 
 class BurstRows(DictStore):
-    """Keeps every checkpoint's rows in their changelog order, so a test can restore what a worker
+    """Keeps every checkpoint's rows in their changelog groups, so a test can restore what a worker
     without transactions (`AGENTSTREAM_TRANSACTIONS=false`) killed mid-checkpoint leaves: the
-    stored rows before it plus any prefix."""
+    stored rows before it, the whole groups before one, and part of that one in any order."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.bursts: list[tuple[dict[bytes, bytes], list[tuple[bytes, bytes | None]]]] = []
+        self.bursts: list[tuple[dict[bytes, bytes], tuple[list[tuple[bytes, bytes | None]], ...]]] = []
 
     def write(self, rows: dict[bytes, bytes | None], changelog_offset: int) -> None:
-        self.bursts.append((dict(self.stored), changelog_order(rows)))
+        self.bursts.append((dict(self.stored), changelog_groups(rows)))
         super().write(rows, changelog_offset)
 
 
-def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() -> None:
-    """A worker killed mid-burst leaves a prefix of the burst in the changelog, and the table's
-    restore applies it. Whatever the prefix, catch-up must rebuild exactly the rows of the whole
-    burst: before the burst order put each stream's metadata row last, a prefix holding a metadata
-    row but not the item rows before it made catch-up skip those events for good (found by the
-    SIGKILL storm of tests/resilience/test_kill.py: receipts and item rows lost)."""
+def parts_of(group: list[tuple[bytes, bytes | None]], seed: int) -> list[list[tuple[bytes, bytes | None]]]:
+    """What a cut-off group may have reached the changelog: a group goes out in one `send_rows`
+    call, whose rows may land in any order. Each prefix and suffix of it, and random subsets."""
+    rng = random.Random(seed)
+    parts = [group[:n] for n in range(len(group) + 1)] + [group[n:] for n in range(1, len(group))]
+    parts += [[row for row in group if rng.random() < 0.5] for _ in range(12)]
+    return parts
+
+
+def test_recovery_from_any_part_of_a_changelog_burst_equals_the_full_fold() -> None:
+    """A worker killed mid-burst leaves part of the burst in the changelog, and the table's
+    restore applies it: the groups before the one it was cut in, and any part of that one.
+    Whatever the part, catch-up must rebuild exactly the rows of the whole burst: before the burst
+    order put each stream's metadata row last, a prefix holding a metadata row but not the item
+    rows before it made catch-up skip those events for good (found by the SIGKILL storm of
+    tests/resilience/test_kill.py: receipts and item rows lost)."""
 
     async def scenario() -> None:
         h = EngineHarness()
@@ -521,21 +532,24 @@ def test_recovery_from_any_prefix_of_a_changelog_burst_equals_the_full_fold() ->
         # Positions differ by design: `c` is not derived from the journal, `p` is only a lower bound.
         full = {k: v for k, v in table.stored.items() if not k.startswith(POSITIONS)}
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
-        before, burst = next(b for b in reversed(table.bursts) if any(k.startswith(rows.ITEM) for k, _ in b[1]))
-        for n in range(len(burst) + 1):
-            restored = DictStore()
-            restored.stored = dict(before)
-            for key, value in burst[:n]:
-                if value is None:
-                    restored.stored.pop(key, None)
-                else:
-                    restored.stored[key] = value
-            engine = PartitionEngine(0, restored, NAMES, h.kafka, max_cached_streams=100)
-            position = engine.checkpoints.journal_position
-            Recovery(engine).refold([record for record in journal if record[0] > position], [])
-            await engine.checkpoints.flush()
-            again = {k: v for k, v in restored.stored.items() if not k.startswith(POSITIONS)}
-            assert again == full, f"prefix of {n} of {len(burst)} rows: {sorted(set(again) ^ set(full))[:5]}"
+        before, groups = next(b for b in reversed(table.bursts) if any(k.startswith(rows.ITEM) for k, _ in b[1][0]))
+        assert all(groups), "items, metadata rows and positions: each group is exercised"
+        for cut, group in enumerate(groups):
+            for part in parts_of(group, seed=cut):
+                restored = DictStore()
+                restored.stored = dict(before)
+                for key, value in [row for whole in groups[:cut] for row in whole] + part:
+                    if value is None:
+                        restored.stored.pop(key, None)
+                    else:
+                        restored.stored[key] = value
+                engine = PartitionEngine(0, restored, NAMES, h.kafka, max_cached_streams=100)
+                position = engine.checkpoints.journal_position
+                Recovery(engine).refold([record for record in journal if record[0] > position], [])
+                await engine.checkpoints.flush()
+                again = {k: v for k, v in restored.stored.items() if not k.startswith(POSITIONS)}
+                where = f"group {cut}, {len(part)} of its {len(group)} rows"
+                assert again == full, f"{where}: {sorted(set(again) ^ set(full))[:5]}"
 
     run(scenario())
 
