@@ -153,7 +153,13 @@ class PartitionProducer:
         rows whose order does not matter to each other go together (`Checkpoint.commit`)."""
         pending = [{"key": key, "value": value} for key, value in rows]
         while pending:
-            self._producer.produce_batch(topic, pending, partition=partition)
+            try:
+                self._producer.produce_batch(topic, pending, partition=partition)
+            except BufferError:  # documented for a full queue, though refusals come per row
+                self._producer.poll(0.05)
+                continue  # all again: a row queued twice is the same key and value twice
+            except KafkaException as error:
+                self._raise(error, "produce")
             refused = [message for message in pending if "_error" in message]
             for message in refused:
                 error = message.pop("_error")
