@@ -157,6 +157,8 @@ class PartitionProducer:
                 self._producer.produce_batch(topic, pending, partition=partition)
             except BufferError:  # documented for a full queue, though refusals come per row
                 self._producer.poll(0.05)
+                for message in pending:
+                    message.pop("_error", None)
                 continue  # all again: a row queued twice is the same key and value twice
             except KafkaException as error:
                 self._raise(error, "produce")
