@@ -151,7 +151,7 @@ class PartitionProducer:
         `produce_batch` call: about half the CPU of a produce per row. A row the full queue refused
         is produced again after a poll, so rows of one call may land out of their order: only
         rows whose order does not matter to each other go together (`Checkpoint.commit`)."""
-        pending = [{"key": key, "value": value} for key, value in rows]
+        pending: list[dict[str, Any]] = [{"key": key, "value": value} for key, value in rows]
         while pending:
             try:
                 self._producer.produce_batch(topic, pending, partition=partition)
@@ -162,7 +162,7 @@ class PartitionProducer:
                 continue  # all again: a row queued twice is the same key and value twice
             except KafkaException as error:
                 self._raise(error, "produce")
-            refused = [message for message in pending if "_error" in message]
+            refused = [message for message in pending if message.get("_error") is not None]
             for message in refused:
                 error = message.pop("_error")
                 if error.code() != KafkaError._QUEUE_FULL:
