@@ -59,12 +59,6 @@ class TransactionalProducer(Protocol):
     async def commit(self) -> None: ...
 
 
-def changelog_order(burst: dict[bytes, bytes | None]) -> list[tuple[bytes, bytes | None]]:
-    """The order of one checkpoint's rows on the changelog (`changelog_groups`, one after another)."""
-    rows_first, metas, positions = changelog_groups(burst)
-    return rows_first + metas + positions
-
-
 Rows = list[tuple[bytes, bytes | None]]
 
 

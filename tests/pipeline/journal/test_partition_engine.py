@@ -493,7 +493,7 @@ def parts_of(group: list[tuple[bytes, bytes | None]], seed: int) -> list[list[tu
     return parts
 
 
-def test_recovery_from_any_part_of_a_changelog_burst_equals_the_full_fold() -> None:
+def test_5_2_recovery_from_any_part_of_a_changelog_burst_equals_the_full_fold() -> None:
     """A worker killed mid-burst leaves part of the burst in the changelog, and the table's
     restore applies it: the groups before the one it was cut in, and any part of that one.
     Whatever the part, catch-up must rebuild exactly the rows of the whole burst: before the burst
