@@ -23,9 +23,10 @@ baseline measured in the same run on the same machine:
 - append→journaled latency p50/p99 at a fixed offered load (paced producer): consume time of the
   journal record minus produce time of the command. Baseline: the same load through the raw loop.
   Then at half the sustained rate, with transactions and without (target: p99 <= 50 ms).
-- replay events/s of `pipeline.journal.replay.replay` over the whole journal written by the run (topped up
-  with a realistic mix through the workers' door: keyed slots, idempotency keys, requests with
-  answers, settlements and usage reports, compactions), with `jobs=1` and `jobs=2`, beside a raw
+- replay events/s of `agentstream replay`, each run in a fresh process as a user runs it, over the
+  whole journal written by the run (topped up with a realistic mix through the workers' door:
+  keyed slots, idempotency keys, requests with answers, settlements and usage reports,
+  compactions), with `--jobs 1` and `--jobs 2`, beside a raw
   confluent-kafka consume of the same topic (no processing) and the pure fold rate of the same
   records: decode (JSON bytes -> validated event) + fold, in this process, no Kafka, no rows (what
   `bench/reduce.py` measures, with the journal worker's GC policy and with replay's). Targets:
@@ -46,6 +47,7 @@ import contextlib
 import gc
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -67,7 +69,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from pipeline.journal import heap  # noqa: E402
-from pipeline.journal.replay import replay  # noqa: E402
 from pipeline.kafka.read import consume_ready, read_ranges, watermarks  # noqa: E402
 from processors.reducer import fold  # noqa: E402
 from processors.state import AgentState  # noqa: E402
@@ -84,6 +85,8 @@ from topics.names import topic_names  # noqa: E402
 
 BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
 ACTOR = {"type": "user", "origin": "cli"}
+# The summary line of `agentstream replay` (pipeline/cli/replay_verb.py).
+REPLAYED = re.compile(r"replayed (?P<events>\d+) events of \d+ streams in [\d.]+s \((?P<rate>[\d,]+) events/s\)")
 
 # --- helpers --------------------------------------------------------------------------------------
 
@@ -564,8 +567,21 @@ class Bench:
         return len(records)
 
     def replay_rate(self, jobs: int = 1) -> tuple[float, int]:
-        stats = replay(self.settings, self.tmp / f"replay-{jobs}", progress=False, jobs=jobs)
-        return stats.events / stats.seconds, stats.events
+        """`agentstream replay --jobs N` as a user runs it, in a fresh process (whose helpers are
+        then forked, where this one, with its Kafka clients' threads, would spawn them): the rate
+        it reports, from its own clock."""
+        cli = str(Path(sys.executable).parent / "agentstream")
+        result = subprocess.run(
+            [cli, "replay", "--jobs", str(jobs), "--quiet", "--out", str(self.tmp / f"replay-{jobs}")],
+            env=self.stack.env(),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        found = REPLAYED.search(result.stdout)
+        if result.returncode != 0 or found is None:
+            raise RuntimeError(f"replay --jobs {jobs} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+        return float(found["rate"].replace(",", "")), int(found["events"])
 
     def journal_values(self) -> list[list[bytes]]:
         """Every journal record's value, per partition (read before timing the pure fold)."""

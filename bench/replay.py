@@ -12,7 +12,8 @@ requests with answers, settlements and usage reports, compactions). Then, round 
 tree in `--trees` (a checkout of this repository) measures in its own process, with its own code
 (PYTHONPATH): decode + fold of the journal's records in that process, no Kafka, no rows (best of
 three, `bench/journal.py`'s `pure_fold_rate`, with the journal worker's GC policy and with
-replay's), then `replay` with each `--jobs` (best of `--repeat` runs). Trees alternate, so a busy
+replay's), then `replay` with each `--jobs` (best of `--repeat` runs, each in a fresh process as
+`agentstream replay` runs, so that its helpers are forked). Trees alternate, so a busy
 moment of a shared machine falls on both. Each run is printed as it ends, with the ratio of
 `replay --jobs 1` to the fold (target >= 60 %) and of `--jobs 2` to `--jobs 1` (target >= 1.5x). The ratio
 is also given in events per CPU second of this process (for replay, its librdkafka and RocksDB
@@ -96,8 +97,6 @@ def write_journal(stack: Any, plain: int, big: int, streams: int, per_stream: in
 
 
 def measure(settings: Settings, out_dir: Path, jobs: list[int], repeat: int = 1) -> dict[str, float]:
-    from pipeline.journal.replay import replay
-
     bench = _journal_bench(TREE)
     values = [[message.value() for message in p] for p in read_journal(settings, "bench-replay-values")]
     records = sum(map(len, values))
@@ -110,14 +109,32 @@ def measure(settings: Settings, out_dir: Path, jobs: list[int], repeat: int = 1)
     del values
     for n in jobs:
         for _ in range(repeat):  # the best of `repeat` runs, as the fold's best of three
-            cpu = time.process_time()
-            stats = replay(settings, out_dir / f"jobs-{n}", progress=False, jobs=n)
-            figures[f"jobs{n}"] = max(figures.get(f"jobs{n}", 0.0), stats.events / stats.seconds)
-            if n == 1:  # this process's CPU (its librdkafka and RocksDB threads too); helpers are others
-                cpu_rate = stats.events / (time.process_time() - cpu)
-                figures["jobs1_cpu"] = max(figures.get("jobs1_cpu", 0.0), cpu_rate)
-            figures["events"] = stats.events
+            events, seconds, cpu = replay_once(settings, out_dir / f"jobs-{n}", n)
+            figures[f"jobs{n}"] = max(figures.get(f"jobs{n}", 0.0), events / seconds)
+            if n == 1:  # the replaying process's CPU (its librdkafka and RocksDB threads too); helpers are others
+                figures["jobs1_cpu"] = max(figures.get("jobs1_cpu", 0.0), events / cpu)
+            figures["events"] = events
     return figures
+
+
+def replay_once(settings: Settings, out_dir: Path, jobs: int) -> tuple[int, float, float]:
+    """One replay in a fresh process, as `agentstream replay` runs (its helpers forked): events,
+    seconds and the CPU seconds of that process. Run here, after this process's Kafka reads, its
+    helpers would be spawned instead."""
+    argv = [sys.executable, __file__, "--replay-once", settings.model_dump_json(), str(out_dir), str(jobs)]
+    result = subprocess.run(argv, capture_output=True, text=True)  # this tree's environment and directory
+    if result.returncode != 0:
+        raise RuntimeError(f"replay --jobs {jobs} failed:\n{result.stderr}")
+    events, seconds, cpu = json.loads(result.stdout.splitlines()[-1])
+    return int(events), float(seconds), float(cpu)
+
+
+def _replay_once(settings: Settings, out_dir: Path, jobs: int) -> None:
+    from pipeline.journal.replay import replay
+
+    cpu = time.process_time()
+    stats = replay(settings, out_dir, progress=False, jobs=jobs)
+    print(json.dumps([stats.events, stats.seconds, time.process_time() - cpu]))
 
 
 def run_measure(tree: Path, settings: Settings, out_dir: Path, jobs: list[int], repeat: int) -> dict[str, float]:
@@ -208,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-records", type=Path, metavar="FILE", help="only save the journal's records")
     parser.add_argument("--work", nargs=2, metavar=("KIND", "FILE"), help="fold, replay or none over saved records")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--replay-once", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.replay_once:
+        settings_json, out, jobs_text = args.replay_once
+        _replay_once(Settings.model_validate_json(settings_json), Path(out), int(jobs_text))
+        return 0
     if args.work:
         work(args.work[0], Path(args.work[1]))
         return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import logging
 import multiprocessing
 import os
 import pickle
@@ -47,6 +48,8 @@ from pipeline.settings import Settings
 from processors import dedupe
 from topics.admin import KafkaSetupError, quiet_librdkafka
 from topics.names import topic_names
+
+log = logging.getLogger("agentstream.replay")
 
 BATCH = 10_000  # records per consume call, and at most per write batch
 
@@ -219,10 +222,11 @@ def replay(
 ) -> ReplayStats:
     """Fold agent-journal (every stream, or one) into fresh rows under `out_dir`.
 
-    With `jobs` > 1, `jobs - 1` helper processes replay partitions beside this one (each
+    With `jobs` > 1, up to `jobs - 1` helper processes replay partitions beside this one (each
     partition's rows are their own database; one process folds a partition from start to end).
-    They are started with multiprocessing's "spawn" method, so a script calling this with
-    jobs > 1 needs the usual `if __name__ == "__main__":` guard.
+    They are started before this process opens any Kafka client or database: forked, if it has no
+    other thread then (`helper_start_method`), otherwise with multiprocessing's "spawn" method, so a
+    script calling this with jobs > 1 needs the usual `if __name__ == "__main__":` guard.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
@@ -230,25 +234,29 @@ def replay(
     prepare_out_dir(out_dir, settings.data_dir)
     stats = ReplayStats()
     started = time.monotonic()
-    consumer = _consumer(settings.kafka_consumer_config())
+    consumer: Consumer | None = None
     helpers: _Helpers | None = None
     readers: _Readers | None = None
     outputs = Outputs(out_dir)
     try:
-        partitions = _journal_partitions(consumer, names.journal)
-        if only_path is not None:
-            partitions = [partition_for(only_path, len(partitions))]
-        if min(jobs, len(partitions)) > 1:
-            # Started first: their interpreters start up while the journal's ends are read, and
-            # this process, which is up already, takes the largest partition.
+        if only_path is None and min(jobs, settings.partitions) > 1:
+            # Started first, before this process has a Kafka client (librdkafka's threads) or a
+            # database (RocksDB's), so that they can be forked: a spawned helper spends ~0.5 s
+            # importing what this process has loaded, while the journal's ends are read. This
+            # process, which is up already, takes the largest partition. A journal with fewer
+            # partitions than configured leaves a helper nothing to take: it ends at once.
             helpers = _Helpers(
-                min(jobs, len(partitions)) - 1,
+                min(jobs, settings.partitions) - 1,
                 settings.kafka_consumer_config(),
                 names.journal,
                 out_dir,
                 only_path,
                 settings.append_id_window,
             )
+        consumer = _consumer(settings.kafka_consumer_config())
+        partitions = _journal_partitions(consumer, names.journal)
+        if only_path is not None:
+            partitions = [partition_for(only_path, len(partitions))]
         if helpers is None:  # this process replays every partition, in this order
             outputs.open_ahead(partitions)
         tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(names.journal, p))) for p in partitions]
@@ -290,7 +298,8 @@ def replay(
         outputs.close()
         if readers is not None:
             readers.close()
-        consumer.close()
+        if consumer is not None:
+            consumer.close()
         if helpers is not None:
             helpers.close()
     stats.seconds = time.monotonic() - started
@@ -349,7 +358,13 @@ class _Helpers:
         only_path: str | None,
         append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
     ):
-        context = multiprocessing.get_context("spawn")  # never fork a process that holds librdkafka threads
+        method = helper_start_method()
+        if method == "fork":  # a child must not write out what this process had buffered
+            sys.stdout.flush()
+            sys.stderr.flush()
+        self.start_method = method
+        context = multiprocessing.get_context(method)
+        log.debug("replay: %d helper process(es), started by %s", count, method)
         self.tasks: multiprocessing.Queue[PartitionTask | None] = context.Queue()
         self.reports: multiprocessing.Queue[tuple[Any, ...]] = context.Queue()
         self.processes = [
@@ -439,6 +454,20 @@ class _Helpers:
                 process.join()
         self.tasks.close()
         self.reports.close()
+
+
+def helper_start_method() -> str:
+    """How replay's helpers start: "fork" while this process runs a single thread, else "spawn".
+
+    A forked helper starts at once, with every module this process has imported. Forking is only
+    safe with no other thread: a librdkafka or RocksDB thread (or any lock one holds) would not
+    exist in the child, and its client or database would hang there. Where the thread count
+    cannot be read (no /proc), helpers are spawned."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "spawn"
+    return "fork" if threads == 1 else "spawn"
 
 
 def _replay_worker(

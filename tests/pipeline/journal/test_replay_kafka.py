@@ -10,6 +10,7 @@ worker is stopped before replaying, so the live store is complete and idle.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -248,8 +249,8 @@ def test_killed_parallel_replay_leaves_no_workers_and_is_rebuilt(stack: Stack, t
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        wait_until(lambda: (out / MARKER).is_file(), 30, "replay to start", interval=0.005)
-        process.send_signal(sig)  # its helpers are starting or folding, unless it finished already
+        wait_until(functools.partial(helper_up, stack, process), 30, "replay and its helper", interval=0.005)
+        process.send_signal(sig)  # its helper is waiting for work or folding, unless it finished already
         # 130: interrupted (Ctrl-C); -SIGINT: it had finished and was exiting; 0: done before the signal.
         _, stderr = process.communicate(timeout=30)
         assert process.returncode in (0, 130, -signal.SIGINT, -signal.SIGKILL), stderr.decode()[-2000:]
@@ -265,8 +266,15 @@ def agentstream(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def helper_up(stack: Stack, process: subprocess.Popen[bytes]) -> bool:
+    """The command runs with its helper (they share a command line once forked), or it has ended."""
+    return len(replay_workers(stack)) >= 2 or process.poll() is not None
+
+
 def replay_workers(stack: Stack) -> list[int]:
-    """Processes of this stack's replays still alive (spawned workers inherit its environment)."""
+    """Processes of this stack's replays still alive: spawned helpers (a multiprocessing command
+    line) or forked ones (the `agentstream replay` command line of their parent), which all carry
+    the stack's environment."""
     marker = f"AGENTSTREAM_TOPIC_PREFIX={stack.settings.topic_prefix}".encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -277,7 +285,7 @@ def replay_workers(stack: Stack) -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if marker in environ and b"multiprocessing" in command:
+        if marker in environ and (b"multiprocessing" in command or b"\0replay\0" in command):
             found.append(int(entry.name))
     return found
 
