@@ -17,7 +17,11 @@ baseline measured in the same run on the same machine:
   of them: it is fast), its rate read on its output topic between the moments 10% and 100% of the
   records had arrived (its output is continuous, not transactional). Second baseline, the one
   that holds across machines: decode + fold of the journal records written so far, in this
-  process (target: the worker at >= 25% of it).
+  process (target: the worker at >= 25% of it). The same comparison in CPU time: the worker
+  process's CPU (all its threads, from /proc) per append in the sustained runs, against this
+  process's CPU per event of decode + fold. Other processes on the cores (the broker, this
+  bench's producer) slow the worker's wall clock, not its CPU per append, so this ratio moves less
+  between runs.
 - fencing's cost: sustained appends/s with Kafka transactions (the default) against the same build
   with `AGENTSTREAM_TRANSACTIONS=false`, run alternately (target: at least 85%).
 - append→journaled latency p50/p99 at a fixed offered load (paced producer): consume time of the
@@ -68,6 +72,7 @@ import orjson  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from bench.turns import process_cpu_s  # noqa: E402
 from pipeline.journal import heap  # noqa: E402
 from pipeline.kafka.read import consume_ready, read_ranges, watermarks  # noqa: E402
 from processors.reducer import fold  # noqa: E402
@@ -259,7 +264,13 @@ def mix_commands(path: str, count: int, rng: random.Random) -> list[bytes]:
 
 
 def pure_fold_rate(partitions: list[list[bytes]], worker_gc: bool) -> float:
-    """Events/s of decode (JSON bytes -> validated event) + fold alone, partition after partition.
+    """Events/s of decode (JSON bytes -> validated event) + fold alone, partition after partition."""
+    return pure_fold(partitions, worker_gc)[0]
+
+
+def pure_fold(partitions: list[list[bytes]], worker_gc: bool) -> tuple[float, float]:
+    """Decode (JSON bytes -> validated event) + fold alone, partition after partition: events per
+    second of wall clock, and this process's CPU microseconds per event.
 
     `worker_gc`: the journal worker's GC policy (`pipeline/journal/heap.py`, as bench/reduce.py); else
     replay's (no collections while folding).
@@ -269,7 +280,7 @@ def pure_fold_rate(partitions: list[list[bytes]], worker_gc: bool) -> float:
     gc.collect()
     if not worker_gc:
         gc.disable()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for values in partitions:
         for value in values:
             try:
@@ -284,10 +295,10 @@ def pure_fold_rate(partitions: list[list[bytes]], worker_gc: bool) -> float:
             count += 1
             if worker_gc and count % heap.SETTLE_EVERY == 0:
                 heap.settle()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     gc.unfreeze()
     gc.enable()
-    return count / elapsed
+    return count / elapsed, cpu * 1e6 / count
 
 
 # --- the raw pass-through baseline ----------------------------------------------------------------
@@ -382,6 +393,8 @@ class Bench:
         self.passthrough: subprocess.Popen[bytes] | None = None
         self.rows: list[tuple[str, str, str, str]] = []  # (figure, value, baseline, ratio)
         self.notes: list[str] = []
+        # The journal worker's CPU (every thread) per append in each throughput run, in microseconds.
+        self.worker_cpu_us: list[float] = []
 
     # the worker ---------------------------------------------------------------------------------
 
@@ -448,9 +461,13 @@ class Bench:
         samples: list[tuple[float, int]] = []
         waiter = threading.Thread(target=wait_for_count, args=(self.journal_marks, start + n, 600, samples))
         waiter.start()
+        cpu_before = process_cpu_s(self.worker_pid())
         produced_at = time.perf_counter()
         produce_all(self.producer, self.topics.appends, records, headers)
         waiter.join()
+        cpu_after = process_cpu_s(self.worker_pid())
+        if cpu_before is not None and cpu_after is not None:
+            self.worker_cpu_us.append((cpu_after - cpu_before) * 1e6 / n)
         # From the first command produced to the last journaled: records become visible a whole
         # checkpoint (transaction) at a time, so a window between two sample counts would measure
         # the spacing of a few large commits, not the rate.
@@ -686,20 +703,36 @@ class Bench:
         # Sustained: a warm-up over the same streams first (their first events create rows and
         # cached states), then the best of two runs, as the fold below is the best of three.
         self.throughput(n_throughput // 4)
+        self.worker_cpu_us.clear()
         sustained = [self.throughput(n_throughput) for _ in range(2)]
+        worker_cpu = min(self.worker_cpu_us, default=float("nan"))
         piped = max(sustained)
         self.notes.append("sustained appends/s (transactions on): " + ", ".join(f"{r:,.0f}" for r in sustained))
         self.add("sustained appends/s", f"{piped:,.0f} /s", f"raw pass-through {raw:,.0f} /s", _ratio(piped, raw, 0.10))
         # The figure that holds across machines: the worker against decode + fold of the very
         # records it journaled (the issue's target: at least 25%).
         written = self.journal_values()
-        fold_rate = max(pure_fold_rate(written, worker_gc=True) for _ in range(3))
+        folds = [pure_fold(written, worker_gc=True) for _ in range(3)]
+        fold_rate, fold_cpu = max(rate for rate, _ in folds), min(cpu for _, cpu in folds)
         del written
         self.add(
             "sustained appends/s vs pure fold",
             f"{piped:,.0f} /s",
             f"decode+fold {fold_rate:,.0f} /s (worker GC)",
             _ratio(piped, fold_rate, 0.25),
+        )
+        # The same comparison in CPU time, which other processes on the cores (the broker, this
+        # bench's producer) do not move: what one append costs the worker against one event's fold.
+        self.add(
+            "worker CPU per append vs pure fold",
+            f"{worker_cpu:.1f} us",
+            f"decode+fold {fold_cpu:.1f} us/event",
+            f"x{worker_cpu / fold_cpu:.1f}; the fold is {fold_cpu / worker_cpu:.0%} of it",
+        )
+        self.notes.append(
+            "worker CPU per append (all its threads, from /proc): "
+            + ", ".join(f"{cpu:.1f}" for cpu in self.worker_cpu_us)
+            + " us in the sustained runs"
         )
 
         # Fencing's cost: the same build with transactions off (AGENTSTREAM_TRANSACTIONS=false), run
