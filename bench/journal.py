@@ -27,6 +27,9 @@ baseline measured in the same run on the same machine:
 - append→journaled latency p50/p99 at a fixed offered load (paced producer): consume time of the
   journal record minus produce time of the command. Baseline: the same load through the raw loop.
   Then at half the sustained rate, with transactions and without (target: p99 <= 50 ms).
+- commit pacing's effect: CPU per append of the worker and of the broker (from /proc) at a
+  moderate paced load of 500 appends/s, with `AGENTSTREAM_COMMIT_INTERVAL_MS=0` against the
+  default, alternately, beside append->journaled p50/p99 of the same runs.
 - replay events/s of `agentstream replay`, each run in a fresh process as a user runs it, over the
   whole journal written by the run (topped up with a realistic mix through the workers' door:
   keyed slots, idempotency keys, requests with answers, settlements and usage reports,
@@ -49,6 +52,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import math
 import os
 import random
 import re
@@ -72,7 +76,7 @@ import orjson  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from bench.turns import process_cpu_s  # noqa: E402
+from bench.turns import broker_pid, process_cpu_s  # noqa: E402
 from pipeline.journal import heap  # noqa: E402
 from pipeline.kafka.read import consume_ready, read_ranges, watermarks  # noqa: E402
 from processors.reducer import fold  # noqa: E402
@@ -91,6 +95,9 @@ from topics.names import topic_names  # noqa: E402
 BOOTSTRAP = os.environ.get("AGENTSTREAM_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
 ACTOR = {"type": "user", "origin": "cli"}
 # The summary line of `agentstream replay` (pipeline/cli/replay_verb.py).
+# The moderate load of the commit-pacing figure: below any saturation on two cores.
+MODERATE_RATE = 500
+
 REPLAYED = re.compile(r"replayed (?P<events>\d+) events of \d+ streams in [\d.]+s \((?P<rate>[\d,]+) events/s\)")
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -393,6 +400,7 @@ class Bench:
         self.passthrough: subprocess.Popen[bytes] | None = None
         self.rows: list[tuple[str, str, str, str]] = []  # (figure, value, baseline, ratio)
         self.notes: list[str] = []
+        self.paced_cpu_us: dict[str, float] = {}  # per process, of the last `latency` run
         # The journal worker's CPU (every thread) per append in each throughput run, in microseconds.
         self.worker_cpu_us: list[float] = []
 
@@ -405,10 +413,11 @@ class Bench:
         produce_all(self.producer, self.topics.appends, [(b"/bench/warmup", command("/bench/warmup", "warm-up"))])
         wait_for_count(self.journal_marks, before + 1, timeout=120)
 
-    def restart_worker(self, transactions: bool) -> None:
-        """The journal worker again, writing in Kafka transactions or not (`AGENTSTREAM_TRANSACTIONS`)."""
+    def restart_worker(self, **settings: Any) -> None:
+        """The journal worker again, with these settings changed (`transactions`: writing in Kafka
+        transactions or not, `commit_interval_ms`: commit pacing)."""
         self.stack.stop_worker()
-        self.stack.settings = self.settings = self.settings.model_copy(update={"transactions": transactions})
+        self.stack.settings = self.settings = self.settings.model_copy(update=settings)
         self.start_worker()
 
     def restart_worker_traced(self, traced: bool, endpoint: str) -> None:
@@ -509,8 +518,21 @@ class Bench:
 
     # 2. latency ---------------------------------------------------------------------------------
 
-    def latency(self, source: str, sink: str, rate: float, seconds: float, streams: int = 200) -> list[float]:
-        """Latencies (ms) of `rate` commands/s sent to `source` for `seconds`, seen arriving in `sink`."""
+    def latency(
+        self,
+        source: str,
+        sink: str,
+        rate: float,
+        seconds: float,
+        streams: int = 200,
+        cpu_of: dict[str, int] | None = None,
+    ) -> list[float]:
+        """Latencies (ms) of `rate` commands/s sent to `source` for `seconds`, seen arriving in `sink`.
+
+        `cpu_of` (name -> pid): the CPU each of these processes spent per counted command, from the
+        first one after the warm-up second to the last one's arrival, in `self.paced_cpu_us`.
+        """
+        cpu_of = cpu_of or {}
         consumer = Consumer(consumer_config("bench-latency", **{"fetch.wait.max.ms": 5}))
         tps = [TopicPartition(sink, p) for p in range(self.partitions)]
         for tp in tps:
@@ -545,7 +567,10 @@ class Bench:
         paths = [f"/bench/l{i:03d}" for i in range(streams)]
         producer = new_producer(**{"linger.ms": 1})
         started = time.perf_counter()
+        cpu_before: dict[str, float | None] = {}
         for i in range(n):
+            if i == warm:
+                cpu_before = {name: process_cpu_s(pid) for name, pid in cpu_of.items()}
             due = started + i / rate
             delay = due - time.perf_counter()
             if delay > 0.001:
@@ -558,13 +583,58 @@ class Bench:
         producer.flush(30)
         deadline = time.monotonic() + 120
         while len(received) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.01)
+        self.paced_cpu_us = {}
+        for name, pid in cpu_of.items():
+            before, after = cpu_before.get(name), process_cpu_s(pid)
+            if before is not None and after is not None:
+                self.paced_cpu_us[name] = (after - before) * 1e6 / (n - warm)
         done.set()
         reader.join()
         consumer.close()
         if len(received) < n:
             raise RuntimeError(f"only {len(received)} of {n} latency probes arrived")
         return [(received[i] - sent_at[i]) * 1000 for i in range(warm, n)]
+
+    def paced_cost(self, seconds: float) -> None:
+        """CPU per append of the worker and the broker at a moderate paced load, commit pacing off
+        (`AGENTSTREAM_COMMIT_INTERVAL_MS=0`) and on (the default), alternately: what a deployment
+        that is not saturated pays per append, against the backlog's figure."""
+        pacing = self.settings.commit_interval_ms
+        runs: dict[bool, list[tuple[float, float, list[float]]]] = {False: [], True: []}
+        for paced in (False, True, False, True):  # ends with the default, as the worker runs
+            self.restart_worker(commit_interval_ms=pacing if paced else 0)
+            time.sleep(3)  # the broker settles after the run before (seconds of backlog at half the rate)
+            mode = "on" if paced else "off"
+            print(f"[bench] 2c. CPU per append at {MODERATE_RATE}/s, commit pacing {mode}", file=sys.stderr, flush=True)
+            pids = {"worker": self.worker_pid(), "broker": broker_pid() or 0}
+            lat = self.latency(self.topics.appends, self.topics.journal, MODERATE_RATE, seconds, cpu_of=pids)
+            runs[paced].append(
+                (self.paced_cpu_us.get("worker", math.nan), self.paced_cpu_us.get("broker", math.nan), lat)
+            )
+        cost = {paced: min(runs[paced], key=lambda run: run[0] + run[1]) for paced in runs}
+        (worker_on, broker_on, lat_on), (worker_off, broker_off, lat_off) = cost[True], cost[False]
+        self.add(
+            f"worker + broker CPU per append @ {MODERATE_RATE}/s",
+            f"{worker_on + broker_on:,.0f} us (worker {worker_on:,.0f}, broker {broker_on:,.0f})",
+            f"pacing off {worker_off + broker_off:,.0f} us (worker {worker_off:,.0f}, broker {broker_off:,.0f})",
+            f"{(worker_on + broker_on) / (worker_off + broker_off):.0%} of it",
+        )
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            value, base = percentile(lat_on, q), percentile(lat_off, q)
+            self.add(
+                f"append->journaled {name} @ {MODERATE_RATE}/s, pacing on",
+                f"{value:.1f} ms",
+                f"pacing off {base:.1f} ms",
+                f"x{value / base:.1f}",
+            )
+        self.notes.append(
+            f"at {MODERATE_RATE}/s, worker + broker CPU per append (us), pacing off: "
+            + ", ".join(f"{w + b:,.0f}" for w, b, _ in runs[False])
+            + "; on: "
+            + ", ".join(f"{w + b:,.0f}" for w, b, _ in runs[True])
+            + f" (commit interval {pacing} ms); the broker's figure includes its idle work"
+        )
 
     # 3. replay ----------------------------------------------------------------------------------
 
@@ -740,7 +810,7 @@ class Bench:
         print("[bench] 1b. throughput with transactions off and on, alternately", file=progress, flush=True)
         rates: dict[bool, list[float]] = {True: sustained, False: []}
         for transactions in (False, True, False, True):
-            self.restart_worker(transactions)
+            self.restart_worker(transactions=transactions)
             rates[transactions].append(self.throughput(n_throughput))
         fenced, unfenced = max(rates[True]), max(rates[False])
         self.add(
@@ -774,7 +844,7 @@ class Bench:
         half = max(round(fenced / 2, -1), 10.0)
         half_lat: dict[bool, list[float]] = {}
         for transactions in (False, True):  # ends with transactions on, as the worker runs by default
-            self.restart_worker(transactions)
+            self.restart_worker(transactions=transactions)
             mode = "on" if transactions else "off"
             print(f"[bench] 2b. latency at {half:.0f}/s (half of sustained), transactions {mode}", file=progress)
             half_lat[transactions] = self.latency(self.topics.appends, self.topics.journal, half, latency_s)
@@ -787,6 +857,7 @@ class Bench:
                 f"transactions off {base:.1f} ms",
                 f"x{value / base:.1f}{verdict}",
             )
+        self.paced_cost(latency_s)
         self.stop_passthrough()
 
         print(f"[bench] 4. changelog bytes per event at ~10 and ~{big_items} items", file=progress, flush=True)

@@ -134,6 +134,18 @@ class Settings(BaseModel):
             "last N events is a duplicate (docs/behaviour.md §1).",
         ),
     ] = DEFAULT_APPEND_ID_WINDOW
+    commit_interval_ms: Annotated[
+        int,
+        Field(
+            ge=0,
+            le=1000,
+            description="Journal worker: once a partition receives commands faster than two per this many "
+            "milliseconds, its checkpoints (one Kafka transaction each) start at most this often, so that more "
+            "commands share each transaction. Slower, or when a checkpoint holds work another process waits on (an "
+            "internal command, an LLM request, a script run), it commits as soon as the last one is done. 0: always "
+            'as soon as the last one is done (docs/architecture.md, "Commit pacing").',
+        ),
+    ] = 30
     max_cached_streams: Annotated[
         int, Field(ge=1, description="Stream states kept in memory per worker; others reload from rows.")
     ] = 10_000

@@ -12,6 +12,7 @@ owner fences the last one and a paused worker writes nothing more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pipeline import metrics
+from pipeline.journal.pacing import CommitPacing
 from pipeline.kafka.producer import Fenced, Headers, OnDelivery
 from processors import row_codec, rows
 from processors.traceparent import TRACEPARENT
@@ -125,6 +127,12 @@ class Checkpoint:
 
     def __bool__(self) -> bool:
         return bool(self.records or self.follow_ups or self.outcomes or self.rows or self.read)
+
+    @property
+    def awaited(self) -> bool:
+        """Whether another process of the platform waits on it: it holds a command of
+        agent-internal-appends or a record that follows an event (`pipeline.journal.pacing`)."""
+        return bool(self.follow_ups) or True in self.read
 
     def put(self, key: bytes, value: bytes | None) -> None:
         self._check_open()
@@ -254,7 +262,8 @@ class CommandPositions:
 class Committer:
     """One partition's checkpoints: the open one that decisions go into, and at most one being
     committed. A task commits the open checkpoint whenever it holds something, one transaction at a
-    time, so the next batch is decided while the last one commits.
+    time, so the next batch is decided while the last one commits; under load, at most one commit
+    starts per `commit_interval_s` (`pipeline.journal.pacing`).
 
     A fenced commit drops the partition for good (`on_fenced`); any other failure is `fatal`: the
     decided state is then ahead of what Kafka holds, and only a restart is safe.
@@ -271,8 +280,10 @@ class Committer:
         on_fenced: Callable[[BaseException], None],
         fatal: Callable[[BaseException], None] | None,
         seal: Callable[[Checkpoint], None] | None = None,
+        commit_interval_s: float = 0.0,
     ) -> None:
         self.partition = partition
+        self.pacing = CommitPacing(commit_interval_s)
         self.seal = seal  # completes the open checkpoint's rows right before it is committed
         self.store = store
         self.producer = producer
@@ -287,6 +298,7 @@ class Committer:
         position = store.get(rows.position_key(partition))
         self.journal_position = -1 if position is None else row_codec.decode_offset(position)
         self._work = asyncio.Event()  # the open checkpoint has something to commit
+        self._awaited = asyncio.Event()  # ... and another process waits on it: end a pacing wait
         self._committed = asyncio.Event()  # set after every commit (back-pressure, flush)
         self._task: asyncio.Task[None] | None = None
 
@@ -299,6 +311,8 @@ class Committer:
     def work(self) -> None:
         """The open checkpoint holds something: commit it as soon as none is committing."""
         self._work.set()
+        if self.open.awaited:
+            self._awaited.set()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._commit_forever(), name=f"commit-{self.partition}")
 
@@ -314,11 +328,17 @@ class Committer:
             await self._committed.wait()
 
     async def _commit_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._work.wait()
             self._work.clear()
             if not self.open:
                 continue
+            self._awaited.clear()
+            delay = self.pacing.delay(loop.time(), self.open.awaited)
+            if delay > 0:  # what arrives meanwhile joins this checkpoint
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._awaited.wait(), delay)
             try:
                 await self.commit()
             except Exception as error:
@@ -341,6 +361,7 @@ class Committer:
             return
         assert self.producer is not None, "an engine without a producer only catches up"
         self.committing = checkpoint
+        self.pacing.started(asyncio.get_running_loop().time(), checkpoint.commands)
         started = time.perf_counter()
         try:
             await checkpoint.commit(

@@ -94,6 +94,7 @@ class PartitionEngine:
         max_pending: int = 20_000,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
+        commit_interval_ms: int = 0,
         fatal: Callable[[BaseException], None] | None = None,
         on_fenced: Callable[[PartitionEngine, BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
@@ -122,6 +123,7 @@ class PartitionEngine:
             on_fenced=self._fenced,
             fatal=fatal,
             seal=self.seal,
+            commit_interval_s=commit_interval_ms / 1000,
         )
         # Streams folded in the open checkpoint: their item and metadata rows are written once, when
         # it is sealed, however many of their events it holds.

@@ -198,6 +198,7 @@ def build_app(settings: Settings) -> faust.App:
             partitions=settings.partitions,
             max_event_bytes=settings.max_event_bytes,
             append_id_window=settings.append_id_window,
+            commit_interval_ms=settings.commit_interval_ms,
             fatal=crash,
             on_fenced=fenced,
             default_model=settings.default_model,
