@@ -51,7 +51,10 @@ class CommandReader:
                     "isolation.level": "read_committed",
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
-                    "fetch.wait.max.ms": 5,
+                    # How long the broker holds a fetch that finds nothing; records end the wait at
+                    # once, so this only sets how often an idle reader asks. At 5 ms the broker spent
+                    # about 5 % of a core answering one idle worker (docs/benchmarks.md, round seven).
+                    "fetch.wait.max.ms": 100,
                     "fetch.max.bytes": 64 << 20,
                     "max.partition.fetch.bytes": 8 << 20,
                     "queued.max.messages.kbytes": 256 << 10,
