@@ -121,6 +121,9 @@ class Checkpoint:
     # The last offset read from each command topic (False: agent-appends, True: internal).
     read: dict[bool, int] = field(default_factory=dict)
     commands: int = 0
+    # A follow-up another process of the platform waits on (an LLM request, a script run, a
+    # command to the workers' topic): the checkpoint is not held back (`pipeline.journal.pacing`).
+    awaits_follow_up: bool = False
     status: Status = Status.OPEN
     journal_offset: int = -1  # the highest journal offset acknowledged for it
     changelog_offset: int = -1
@@ -131,8 +134,8 @@ class Checkpoint:
     @property
     def awaited(self) -> bool:
         """Whether another process of the platform waits on it: it holds a command of
-        agent-internal-appends or a record that follows an event (`pipeline.journal.pacing`)."""
-        return bool(self.follow_ups) or True in self.read
+        agent-internal-appends or a follow-up such a process reads (`pipeline.journal.pacing`)."""
+        return self.awaits_follow_up or True in self.read
 
     def put(self, key: bytes, value: bytes | None) -> None:
         self._check_open()
@@ -142,10 +145,14 @@ class Checkpoint:
         self._check_open()
         self.records.append((topic, key, value, headers))
 
-    def follow(self, topic: str, key: bytes | None, value: bytes, traceparent: bytes | None = None) -> None:
+    def follow(
+        self, topic: str, key: bytes | None, value: bytes, traceparent: bytes | None = None, *, awaited: bool = True
+    ) -> None:
+        """`awaited`: a process of the platform waits on the record (all but a client's outcome)."""
         self._check_open()
         headers = [] if traceparent is None else [(TRACEPARENT, traceparent)]  # docs/behaviour.md §8
         self.follow_ups.append((topic, key, value, headers))
+        self.awaits_follow_up = self.awaits_follow_up or awaited
 
     def _check_open(self) -> None:
         if self.status is not Status.OPEN:

@@ -379,7 +379,7 @@ class PartitionEngine:
             if trace is None:  # sent with the checkpoint's other outcomes, a few records for all
                 checkpoint.outcomes.append(decision.outcome[1])
             else:  # a record of its own, to carry the command's traceparent (docs/behaviour.md §8)
-                checkpoint.follow(self.topics.results, *decision.outcome, trace)
+                checkpoint.follow(self.topics.results, *decision.outcome, trace, awaited=False)
         checkpoint.commands += 1
         for topic, key, value in decision.after:
             if topic == self.topics.internal_appends:

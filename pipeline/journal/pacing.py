@@ -1,7 +1,7 @@
 """When a partition's open checkpoint commits: at once, or a little later so that more commands
 share its Kafka transaction (docs/architecture.md, "Commit pacing"). Pure: times are passed in.
 
-A transaction costs the same whatever it holds: measured on the local broker, about 1 ms of the
+A transaction costs the same whatever it holds: measured on the local broker, about 1.5 ms of the
 worker's CPU and 2 ms of the broker's. Committing whenever the last commit is done keeps latency
 lowest, but at a few hundred commands per second a partition then commits one or two commands per
 transaction, and the transactions cost far more than the commands. So once a partition receives

@@ -7,12 +7,17 @@ drive a `PartitionEngine` on the in-memory producer, where a transaction is coun
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
+from pipeline.journal.checkpoint import Checkpoint
 from pipeline.journal.pacing import MIN_EXPECTED, MIN_SPAN_S, SMOOTHING, CommitPacing
+from processors.traceparent import TRACEPARENT
 from schemas.events import CONTEXT_ADDED
 from tests.support.engine_harness import NAMES, EngineHarness, user
+
+TRACE = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 # --- the decision --------------------------------------------------------------------------------
 
@@ -75,6 +80,18 @@ def test_a_quiet_spell_ends_the_waiting() -> None:
     assert pacing.delay(2.51) == 0.0
 
 
+def test_what_a_checkpoint_holds_decides_whether_a_process_waits_on_it() -> None:
+    checkpoint = Checkpoint(0)
+    checkpoint.read[False] = 7  # client commands
+    checkpoint.follow(NAMES.results, b"k", b"{}", TRACE, awaited=False)  # a traced client outcome
+    assert not checkpoint.awaited
+    checkpoint.follow(NAMES.llm_requests, b"k", b"{}")
+    assert checkpoint.awaited
+    internal = Checkpoint(0)
+    internal.read[True] = 3  # a command of agent-internal-appends
+    assert internal.awaited
+
+
 # --- in the engine -------------------------------------------------------------------------------
 
 
@@ -108,5 +125,19 @@ def test_an_internal_command_ends_a_pacing_wait() -> None:
         await h.handle(h.command({"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "x"}}, internal=True))
         await asyncio.sleep(0.1)
         assert len(h.kafka.on(NAMES.journal)) == 4  # both, long before the 5 s were up
+
+    asyncio.run(scenario())
+
+
+def test_a_traced_client_command_is_paced_like_any_other() -> None:
+    async def scenario() -> None:
+        h = EngineHarness(commit_interval_ms=5_000)
+        await _trickle(h, 2, gap_s=0.01)
+        traced = dataclasses.replace(h.command(user("traced", appendId="t1")), headers={TRACEPARENT: TRACE})
+        await h.handle(traced)
+        await asyncio.sleep(0.1)
+        assert len(h.kafka.on(NAMES.journal)) == 2  # its outcome record waits with it
+        await h.settle()
+        assert len(h.kafka.on(NAMES.journal)) == 3
 
     asyncio.run(scenario())
