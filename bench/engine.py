@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:
 import orjson  # noqa: E402
 
 from pipeline.journal import heap  # noqa: E402
+from pipeline.journal.checkpoint import WorkerCommitter  # noqa: E402
 from pipeline.journal.decisions import CommandRecord  # noqa: E402
 from pipeline.journal.engine import PartitionEngine  # noqa: E402
 from processors.reducer import fold  # noqa: E402
@@ -67,7 +68,8 @@ def commands(count: int, streams: int) -> list[CommandRecord]:
 async def engine_rate(records: list[CommandRecord]) -> tuple[float, list[bytes]]:
     names = topic_names("bench-")
     kafka = FakeTransactions()
-    engine = PartitionEngine(0, DictStore(), names, kafka, max_cached_streams=10_000, max_pending=1_000_000)
+    commits = WorkerCommitter(kafka, names.journal, names.results, (names.appends, names.internal_appends))
+    engine = PartitionEngine(0, DictStore(), names, commits, max_cached_streams=10_000, max_pending=1_000_000)
     heap.settle()
     started = time.perf_counter()
     for i in range(0, len(records), BATCH):

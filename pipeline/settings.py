@@ -8,8 +8,10 @@ current rows).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import socket
 import ssl
 from pathlib import Path
 from typing import Annotated, Any
@@ -79,8 +81,9 @@ class Settings(BaseModel):
     transactions: Annotated[
         bool,
         Field(
-            description="Journal worker: write each partition's records in Kafka transactions, so a worker that lost "
-            'its partitions (paused, cut off) is fenced and writes nothing more (docs/architecture.md, "Fencing"). '
+            description="Journal worker: write in Kafka transactions (one per commit, over every partition the "
+            "worker owns, fenced by the consumer group's generation), so a worker that lost its partitions (paused, "
+            'cut off) writes nothing more (docs/architecture.md, "Fencing"). '
             "Turn off only to measure their cost or on a broker without transactions.",
         ),
     ] = True
@@ -139,11 +142,11 @@ class Settings(BaseModel):
         Field(
             ge=0,
             le=1000,
-            description="Journal worker: once a partition receives commands faster than two per this many "
-            "milliseconds, its checkpoints (one Kafka transaction each) start at most this often, so that more "
-            "commands share each transaction. Slower, or when a checkpoint holds work another process waits on (an "
-            "internal command, an LLM request, a script run), it commits as soon as the last one is done. 0: always "
-            'as soon as the last one is done (docs/architecture.md, "Commit pacing").',
+            description="Journal worker: once the worker receives commands faster than two per this many "
+            "milliseconds (over all its partitions), its commits (one Kafka transaction each) start at most this "
+            "often, so that more commands share each transaction. Slower, or when a commit holds work another "
+            "process waits on (an internal command, an LLM request, a script run), it commits as soon as the last "
+            'one is done. 0: always as soon as the last one is done (docs/architecture.md, "Commit pacing").',
         ),
     ] = 30
     max_cached_streams: Annotated[
@@ -458,10 +461,18 @@ class Settings(BaseModel):
     def context_tokens(self, model: str) -> int:
         return self.llm_context_tokens.get(model, self.llm_default_context_tokens)
 
-    def journal_transactional_id(self, partition: int) -> str:
-        """The transactional id of the journal worker's producer for `partition`: the same in every
-        process of the application, so the partition's next owner fences the last one."""
-        return f"{self.app_id}-journal-{partition}"
+    def journal_transactional_id(self) -> str:
+        """The transactional id of this journal worker's producer: the same for every run of this
+        worker, so a restarted worker fences its last run at once (an open transaction of the last
+        run would otherwise hold read_committed readers back until the broker aborts it).
+
+        A worker is its static membership id when it has one, else its host and data directory (two
+        live workers never share a data directory: RocksDB locks it). Fencing between workers is the
+        consumer group generation's (docs/architecture.md, "Fencing")."""
+        if self.worker_instance_id:
+            return f"{self.app_id}-journal-{self.worker_instance_id}"
+        where = f"{socket.gethostname()}:{self.data_dir.resolve()}"
+        return f"{self.app_id}-journal-{hashlib.sha256(where.encode()).hexdigest()[:16]}"
 
     def aiokafka_config(self) -> dict[str, Any]:
         """aiokafka connection settings (security only; bootstrap servers are passed separately)."""

@@ -1,12 +1,13 @@
-"""The journal worker's commit protocol: one checkpoint of one partition made durable at once.
+"""The journal worker's commit protocol: the checkpoints of all its partitions made durable at once.
 
-A `PartitionEngine` decides commands into its open `Checkpoint` (journal and dead-letter
-records, the records that follow them, the rows they changed, how far each command topic was
-read). `Checkpoint.commit` then makes all of it durable in one Kafka transaction, in the numbered
-steps of its docstring (docs/architecture.md, "Commit protocol"); the partition's `Committer`
-commits one checkpoint at a time while the next is decided. The pattern is the one of
-Kafka Streams' exactly-once tasks: a transactional producer per partition, so the partition's next
-owner fences the last one and a paused worker writes nothing more.
+A `PartitionEngine` decides commands into its partition's open `Checkpoint` (journal and
+dead-letter records, the records that follow them, the rows they changed, how far each command
+topic was read). The worker's `WorkerCommitter` then makes the open checkpoints of every partition
+durable in one Kafka `Transaction`, in the numbered steps of its `commit` (docs/architecture.md,
+"Commit protocol"), one transaction at a time while the next batches are decided. The pattern is
+Kafka Streams' exactly-once v2 (KIP-447): one transactional producer per worker, whose transactions
+commit the command positions as offsets of the worker's consumer group naming its generation, so
+that once the group has moved on a paused worker's transactions abort and it writes nothing more.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from confluent_kafka import TopicPartition
+
 from pipeline import metrics
 from pipeline.journal.pacing import CommitPacing
+from pipeline.kafka.group_generation import GroupMembership, position_metadata
 from pipeline.kafka.producer import Fenced, Headers, OnDelivery
 from processors import row_codec, rows
 from processors.traceparent import TRACEPARENT
@@ -42,7 +46,7 @@ class RowStore(Protocol):
 
 
 class TransactionalProducer(Protocol):
-    """What a checkpoint needs of its partition's producer (`pipeline.kafka.producer.PartitionProducer`)."""
+    """What a transaction needs of the worker's producer (`pipeline.kafka.producer.JournalProducer`)."""
 
     def begin(self) -> None: ...
     def send(
@@ -58,7 +62,9 @@ class TransactionalProducer(Protocol):
         """Rows without headers or callback, in one call; their order among themselves may change."""
 
     async def barrier(self) -> None: ...
-    async def commit(self) -> None: ...
+    async def commit(self, offsets: Callable[[], Sequence[TopicPartition]] = tuple, group: bytes | None = None) -> None:
+        """Flush, then commit `offsets()` as the group's inside the transaction (fenced by `group`),
+        then commit the transaction. `offsets` is called once the delivery callbacks have run."""
 
 
 Rows = list[tuple[bytes, bytes | None]]
@@ -107,7 +113,7 @@ Outgoing = tuple[str, bytes | None, bytes, list[tuple[str, bytes]]]  # topic, ke
 
 @dataclass(eq=False)
 class Checkpoint:
-    """Everything one partition decided since its last commit, made durable together."""
+    """Everything one partition decided since the worker's last commit, made durable together."""
 
     partition: int
     # Journal and dead-letter records, in decision order.
@@ -158,84 +164,6 @@ class Checkpoint:
         if self.status is not Status.OPEN:
             raise RuntimeError(f"checkpoint of partition {self.partition} is {self.status.value}, not open")
 
-    async def commit(
-        self,
-        producer: TransactionalProducer,
-        store: RowStore,
-        journal_topic: str,
-        done: dict[bool, int],
-        journal_position: int,
-        *,
-        results_topic: str,
-    ) -> None:
-        """Make the checkpoint durable, in this order:
-
-        1. Begin the partition's transaction.
-        2. Produce the journal and dead-letter records (partition explicit).
-        3. Barrier: without transactions, wait for their acknowledgements, so nothing downstream
-           sees a result or a request for an event the journal could still lose. (Inside a
-           transaction the commit makes everything visible at once.)
-        4. Produce the follow-ups (llm-requests, script-runs, the workers' own commands), then the
-           outcomes on `results_topic`, many to a record.
-        5. Produce the rows to the changelog, one record per changed key, group after group of
-           `changelog_groups` (a group in one `send_rows` call, its last row alone: it carries
-           the delivery callback), the positions last: `c`, how far each command topic is read
-           (`done` for a topic this checkpoint read nothing of), and `p`, a journal offset whose
-           rows are stored, at or after `journal_position` (recovery re-folds the journal past it).
-        6. Commit the transaction (flush, then commit). A fenced producer raises `Fenced`: nothing
-           of this checkpoint becomes visible, and the partition must be dropped at once. Any
-           other failure leaves the local store untouched and is fatal for the worker.
-        7. Write the rows and the changelog offset they reach to the local store in one batch:
-           the store never holds a row the committed changelog lacks.
-
-        A failure at any step leaves the checkpoint FAILED; the caller must not reuse it.
-        """
-        self._check_open()
-        self.status = Status.COMMITTING
-        try:
-            partition = self.partition
-            send = producer.send
-
-            # Records of one partition land in the order produced (idempotent producer), so the
-            # offset of the last journal record and of the last changelog record are the highest:
-            # only those two carry a delivery callback (one per record was a visible cost).
-            def on_journal(error: Any, message: Any) -> None:
-                if error is None:
-                    self.journal_offset = max(self.journal_offset, message.offset())
-
-            def on_changelog(error: Any, message: Any) -> None:
-                if error is None:
-                    self.changelog_offset = max(self.changelog_offset, message.offset())
-
-            producer.begin()  # 1
-            last_journal = _last_index(self.records, journal_topic)
-            for index, (topic, key, value, headers) in enumerate(self.records):  # 2
-                send(topic, key, value, partition, headers, on_journal if index == last_journal else None)
-            if self.records and (self.follow_ups or self.outcomes):
-                await producer.barrier()  # 3
-            for topic, key, value, headers in self.follow_ups:  # 4
-                send(topic, key, value, partition, headers or None)
-            for value in outcome_records(self.outcomes):
-                send(results_topic, None, value, partition, None)
-            self._positions(done, max(journal_position, self.journal_offset))
-            changelog = store.changelog_topic
-            groups = [group for group in changelog_groups(self.rows) if group]
-            if groups:  # 5
-                last_key, last_value = groups[-1].pop()
-                for group in groups:
-                    if group:
-                        producer.send_rows(changelog, partition, group)
-                send(changelog, last_key, last_value, partition, None, on_changelog)
-            await producer.commit()  # 6
-            if groups:  # 7
-                if self.changelog_offset < 0:
-                    raise RuntimeError(f"partition {partition}: changelog committed without its offsets")
-                store.write(self.rows, self.changelog_offset)
-        except BaseException:
-            self.status = Status.FAILED
-            raise
-        self.status = Status.COMMITTED
-
     def _positions(self, done: dict[bool, int], journal_offset: int) -> None:
         if self.read:
             self.rows[rows.command_positions_key(self.partition)] = row_codec.encode_command_positions(
@@ -265,49 +193,168 @@ class CommandPositions:
             return cls()
         return cls(*row_codec.decode_command_positions(value))
 
+    def raise_to(self, appends: int, internal: int) -> None:
+        """What the consumer group's committed offsets say is done, when they are further (a
+        previous owner's last transaction committed after this worker restored its rows)."""
+        self.done[False] = max(self.done[False], appends)
+        self.done[True] = max(self.done[True], internal)
 
-class Committer:
-    """One partition's checkpoints: the open one that decisions go into, and at most one being
-    committed. A task commits the open checkpoint whenever it holds something, one transaction at a
-    time, so the next batch is decided while the last one commits; under load, at most one commit
-    starts per `commit_interval_s` (`pipeline.journal.pacing`).
 
-    A fenced commit drops the partition for good (`on_fenced`); any other failure is `fatal`: the
-    decided state is then ahead of what Kafka holds, and only a restart is safe.
-    """
+class Transaction:
+    """One commit of the worker: the sealed checkpoints of every partition with work, in one Kafka
+    transaction (`commit`'s numbered steps; docs/architecture.md, "Commit protocol")."""
+
+    def __init__(self, parts: list[tuple[PartitionCheckpoints, Checkpoint]]) -> None:
+        self.parts = parts
+
+    @property
+    def commands(self) -> int:
+        return sum(checkpoint.commands for _, checkpoint in self.parts)
+
+    async def commit(
+        self,
+        producer: TransactionalProducer,
+        journal_topic: str,
+        results_topic: str,
+        command_topics: tuple[str, str],
+        group: bytes | None,
+    ) -> None:
+        """Make every checkpoint durable, in this order:
+
+        1. Begin the worker's transaction.
+        2. Produce every partition's journal and dead-letter records (partition explicit).
+        3. Barrier: without transactions, wait for their acknowledgements, so nothing downstream
+           sees a result or a request for an event the journal could still lose. (Inside a
+           transaction the commit makes everything visible at once.)
+        4. Produce the follow-ups (llm-requests, script-runs, the workers' own commands), then the
+           outcomes on `results_topic`, many to a record.
+        5. Produce each partition's rows to its changelog partition, group after group of
+           `changelog_groups` (a group in one `send_rows` call, its last row alone: it carries the
+           delivery callback), the positions last: `c`, how far each command topic is read, and
+           `p`, a journal offset whose rows are stored (recovery re-folds the journal past it).
+        6. Flush, then commit the command positions of every partition in the transaction as the
+           consumer group's offsets (`command_topics`; each names the journal offset its partition
+           reached), naming the worker's group membership (`group`): the fence. Once the group has
+           moved on, the coordinator refuses them and the transaction aborts (`GroupMoved`).
+        7. Commit the transaction. A fenced producer raises `Fenced`: nothing of the transaction
+           becomes visible, and the worker must drop its partitions at once. Any other failure
+           leaves the local stores untouched and is fatal for the worker.
+        8. Write each partition's rows and the changelog offset they reach to its local store in
+           one batch: a store never holds a row the committed changelog lacks.
+
+        A failure at any step leaves every checkpoint FAILED; none may be reused.
+        """
+        for _, checkpoint in self.parts:
+            checkpoint._check_open()
+            checkpoint.status = Status.COMMITTING
+        try:
+            send = producer.send
+            producer.begin()  # 1
+            barrier = False
+            for _, checkpoint in self.parts:  # 2
+                _send_records(send, checkpoint, journal_topic)
+                barrier = barrier or bool(checkpoint.records and (checkpoint.follow_ups or checkpoint.outcomes))
+            if barrier:
+                await producer.barrier()  # 3
+            for _, checkpoint in self.parts:  # 4
+                partition = checkpoint.partition
+                for topic, key, value, headers in checkpoint.follow_ups:
+                    send(topic, key, value, partition, headers or None)
+                for value in outcome_records(checkpoint.outcomes):
+                    send(results_topic, None, value, partition, None)
+            stored: list[tuple[PartitionCheckpoints, Checkpoint]] = []
+            for handle, checkpoint in self.parts:  # 5
+                checkpoint._positions(handle.positions.done, max(handle.journal_position, checkpoint.journal_offset))
+                if _send_changelog(producer, checkpoint, handle.store.changelog_topic):
+                    stored.append((handle, checkpoint))
+            await producer.commit(lambda: _group_offsets(self.parts, command_topics), group)  # 6, 7
+            for handle, checkpoint in stored:  # 8
+                if checkpoint.changelog_offset < 0:
+                    raise RuntimeError(f"partition {checkpoint.partition}: changelog committed without its offsets")
+                handle.store.write(checkpoint.rows, checkpoint.changelog_offset)
+        except BaseException:
+            for _, checkpoint in self.parts:
+                checkpoint.status = Status.FAILED
+            raise
+        for _, checkpoint in self.parts:
+            checkpoint.status = Status.COMMITTED
+
+
+def _send_records(send: Any, checkpoint: Checkpoint, journal_topic: str) -> None:
+    """Step 2 for one partition. Records of one partition land in the order produced (idempotent
+    producer), so only the last journal record carries a delivery callback: its offset is the
+    partition's highest (one callback per record was a visible cost)."""
+
+    def on_journal(error: Any, message: Any) -> None:
+        if error is None:
+            checkpoint.journal_offset = max(checkpoint.journal_offset, message.offset())
+
+    last_journal = _last_index(checkpoint.records, journal_topic)
+    partition = checkpoint.partition
+    for index, (topic, key, value, headers) in enumerate(checkpoint.records):
+        send(topic, key, value, partition, headers, on_journal if index == last_journal else None)
+
+
+def _send_changelog(producer: TransactionalProducer, checkpoint: Checkpoint, changelog: str) -> bool:
+    """Step 5 for one partition; whether it had rows to send."""
+
+    def on_changelog(error: Any, message: Any) -> None:
+        if error is None:
+            checkpoint.changelog_offset = max(checkpoint.changelog_offset, message.offset())
+
+    groups = [group for group in changelog_groups(checkpoint.rows) if group]
+    if not groups:
+        return False
+    last_key, last_value = groups[-1].pop()
+    for group in groups:
+        if group:
+            producer.send_rows(changelog, checkpoint.partition, group)
+    producer.send(changelog, last_key, last_value, checkpoint.partition, None, on_changelog)
+    return True
+
+
+def _group_offsets(
+    parts: list[tuple[PartitionCheckpoints, Checkpoint]], command_topics: tuple[str, str]
+) -> list[TopicPartition]:
+    """Step 6's offsets: for each partition of the transaction, the next command to read from each
+    command topic, with the journal offset the partition reached as metadata. Every partition of
+    the transaction is named, so that its next owner waits for the transaction to end before it
+    reads what it holds (`pipeline.journal.worker`, the stable offsets of a take-over); the offsets
+    are never negative, so librdkafka never leaves one out."""
+    offsets: list[TopicPartition] = []
+    for handle, checkpoint in parts:
+        done = handle.positions.done
+        metadata = position_metadata(max(handle.journal_position, checkpoint.journal_offset))
+        for internal, topic in zip((False, True), command_topics, strict=True):
+            position = checkpoint.read.get(internal, done[internal]) + 1
+            offsets.append(TopicPartition(topic, checkpoint.partition, position, metadata=metadata))
+    return offsets
+
+
+class PartitionCheckpoints:
+    """One partition's checkpoints: the open one its engine decides into, and the one (if any) of
+    the worker's transaction being committed. The `WorkerCommitter` commits them."""
 
     def __init__(
         self,
         partition: int,
         store: RowStore,
-        producer: TransactionalProducer | None,
-        journal_topic: str,
-        results_topic: str,
+        worker: WorkerCommitter,
         *,
         on_fenced: Callable[[BaseException], None],
-        fatal: Callable[[BaseException], None] | None,
         seal: Callable[[Checkpoint], None] | None = None,
-        commit_interval_s: float = 0.0,
     ) -> None:
         self.partition = partition
-        self.pacing = CommitPacing(commit_interval_s)
-        self.seal = seal  # completes the open checkpoint's rows right before it is committed
         self.store = store
-        self.producer = producer
-        self.journal_topic = journal_topic
-        self.results_topic = results_topic
+        self.worker = worker
         self.on_fenced = on_fenced
-        self.fatal = fatal
+        self.seal = seal  # completes the open checkpoint's rows right before it is committed
         self.open = Checkpoint(partition)  # what is being decided
         self.committing: Checkpoint | None = None  # what is being committed
         self.fenced: BaseException | None = None
         self.positions = CommandPositions.decode(store.get(rows.command_positions_key(partition)))
         position = store.get(rows.position_key(partition))
         self.journal_position = -1 if position is None else row_codec.decode_offset(position)
-        self._work = asyncio.Event()  # the open checkpoint has something to commit
-        self._awaited = asyncio.Event()  # ... and another process waits on it: end a pacing wait
-        self._committed = asyncio.Event()  # set after every commit (back-pressure, flush)
-        self._task: asyncio.Task[None] | None = None
 
     def staged(self) -> list[dict[bytes, bytes | None]]:
         """Rows decided but not stored yet, newest first."""
@@ -316,12 +363,8 @@ class Committer:
         return [self.open.rows, self.committing.rows]
 
     def work(self) -> None:
-        """The open checkpoint holds something: commit it as soon as none is committing."""
-        self._work.set()
-        if self.open.awaited:
-            self._awaited.set()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._commit_forever(), name=f"commit-{self.partition}")
+        """The open checkpoint holds something: it goes with the worker's next transaction."""
+        self.worker.work(self.open.awaited)
 
     def publish(self, topic: str, key: bytes, value: bytes) -> None:
         """Send a record with the next checkpoint (what recovery publishes again, expiries)."""
@@ -331,77 +374,195 @@ class Committer:
     async def room(self, max_commands: int) -> None:
         """Back-pressure: wait while the open checkpoint holds `max_commands` or more."""
         while self.open.commands >= max_commands and self.fenced is None:
-            self._committed.clear()
-            await self._committed.wait()
-
-    async def _commit_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._work.wait()
-            self._work.clear()
-            if not self.open:
-                continue
-            self._awaited.clear()
-            delay = self.pacing.delay(loop.time(), self.open.awaited)
-            if delay > 0:  # what arrives meanwhile joins this checkpoint
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._awaited.wait(), delay)
-            try:
-                await self.commit()
-            except Exception as error:
-                if self.fenced is not None:
-                    return
-                if self.fatal is None:
-                    raise
-                self.fatal(error)
-                return
+            await self.worker.committed()
 
     async def commit(self) -> None:
-        """Commit the open checkpoint now (`Checkpoint.commit`); a new one opens at once."""
-        while self.committing is not None:  # one transaction at a time
-            self._committed.clear()
-            await self._committed.wait()
-        if self.seal is not None and self.fenced is None:
-            self.seal(self.open)
-        checkpoint, self.open = self.open, Checkpoint(self.partition)
-        if not checkpoint or self.fenced is not None:
-            return
-        assert self.producer is not None, "an engine without a producer only catches up"
-        self.committing = checkpoint
-        self.pacing.started(asyncio.get_running_loop().time(), checkpoint.commands)
-        started = time.perf_counter()
-        try:
-            await checkpoint.commit(
-                self.producer,
-                self.store,
-                self.journal_topic,
-                self.positions.done,
-                self.journal_position,
-                results_topic=self.results_topic,
-            )
-        except Fenced as error:
-            self._fence(error)
-            raise
-        finally:
-            self.committing = None
-            self._committed.set()
-        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
-        metrics.CHECKPOINT_COMMANDS.observe(checkpoint.commands)
-        self.positions.done.update(checkpoint.read)
-        self.journal_position = max(self.journal_position, checkpoint.journal_offset)
-
-    def _fence(self, error: BaseException) -> None:
-        self.fenced = error
-        self.open = Checkpoint(self.partition)
-        metrics.FENCED.inc()
-        log.warning("partition %d fenced: another worker owns it now (%s); dropping it", self.partition, error)
-        self.on_fenced(error)
+        """Commit the open checkpoint now, with whatever the other partitions have open."""
+        await self.worker.commit()
 
     async def flush(self) -> None:
         """Commit everything staged so far (a revoked partition's last checkpoint, recovery). A
         fenced partition commits nothing more: it returns at once (`fenced` tells)."""
         while (self.open or self.committing is not None) and self.fenced is None:
             try:
-                await self.commit()
+                await self.worker.commit()
             except Fenced:
                 return
+
+    def _take(self) -> Checkpoint | None:
+        """The open checkpoint, sealed, for the worker's transaction; a new one opens."""
+        if self.fenced is not None:
+            return None
+        if self.seal is not None:
+            self.seal(self.open)
+        checkpoint, self.open = self.open, Checkpoint(self.partition)
+        return checkpoint if checkpoint else None
+
+    def _committed(self, checkpoint: Checkpoint) -> None:
+        self.positions.done.update(checkpoint.read)
+        self.journal_position = max(self.journal_position, checkpoint.journal_offset)
+
+    def _fence(self, error: BaseException) -> None:
+        if self.fenced is not None:
+            return
+        self.fenced = error
+        self.open = Checkpoint(self.partition)
+        log.warning("partition %d fenced: it is not this worker's now (%s); dropping it", self.partition, error)
+        self.on_fenced(error)
+
+
+class WorkerCommitter:
+    """The worker's one transaction at a time over every partition it owns (KIP-447's pattern: a
+    transactional producer per worker, fenced by the consumer group's generation).
+
+    Engines decide into their partitions' open checkpoints; a task commits all of them that hold
+    something in one transaction whenever none is committing, so the next batches are decided
+    while the last one commits. Under load, at most one transaction starts per `commit_interval_s`
+    (`pipeline.journal.pacing`, over the worker's command rate); work another process waits on
+    commits at once.
+
+    A fenced transaction (`Fenced`, `GroupMoved`) drops every partition of the worker (`on_fenced`
+    of each): their decided state is ahead of Kafka, and the partitions are this worker's again only
+    once it takes them over anew. Any other failure is `fatal`: only a restart is safe.
+    """
+
+    def __init__(
+        self,
+        producer: TransactionalProducer | None,
+        journal_topic: str,
+        results_topic: str,
+        command_topics: tuple[str, str],
+        *,
+        membership: Callable[[], GroupMembership | None] = lambda: None,
+        fatal: Callable[[BaseException], None] | None = None,
+        commit_interval_s: float = 0.0,
+    ) -> None:
+        self.producer = producer
+        self.journal_topic = journal_topic
+        self.results_topic = results_topic
+        self.command_topics = command_topics
+        self.membership = membership  # the group membership transactions name (None: not fenced by one)
+        self.fatal = fatal
+        self.pacing = CommitPacing(commit_interval_s)
+        self.partitions: dict[int, PartitionCheckpoints] = {}
+        self.committing: Transaction | None = None
+        self.fenced: BaseException | None = None  # the last fence; the producer may need renewing
+        self.transactions = 0
+        self._work = asyncio.Event()  # an open checkpoint has something to commit
+        self._awaited = asyncio.Event()  # ... and another process waits on it: end a pacing wait
+        self._committed = asyncio.Event()  # set after every commit (back-pressure, flush)
+        self._task: asyncio.Task[None] | None = None
+
+    def join(
+        self,
+        partition: int,
+        store: RowStore,
+        *,
+        on_fenced: Callable[[BaseException], None],
+        seal: Callable[[Checkpoint], None] | None = None,
+    ) -> PartitionCheckpoints:
+        """A partition's checkpoints, committed with the worker's from now on."""
+        handle = PartitionCheckpoints(partition, store, self, on_fenced=on_fenced, seal=seal)
+        self.partitions[partition] = handle
+        return handle
+
+    def leave(self, handle: PartitionCheckpoints) -> None:
+        """The partition is not this worker's any more (after its last flush, or fenced)."""
+        if self.partitions.get(handle.partition) is handle:
+            del self.partitions[handle.partition]
+
+    def work(self, awaited: bool) -> None:
+        self._work.set()
+        if awaited:
+            self._awaited.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._commit_forever(), name="commit")
+
+    async def committed(self) -> None:
+        """Wait for the end of the next commit."""
+        self._committed.clear()
+        await self._committed.wait()
+
+    def _pending(self) -> tuple[bool, bool]:
+        """Whether any partition's open checkpoint holds something, and whether any is awaited."""
+        opened = awaited = False
+        for handle in self.partitions.values():
+            if handle.fenced is None and handle.open:
+                opened = True
+                awaited = awaited or handle.open.awaited
+        return opened, awaited
+
+    async def _commit_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            opened, awaited = self._pending()
+            if not opened:
+                continue
+            self._awaited.clear()
+            delay = self.pacing.delay(loop.time(), awaited)
+            if delay > 0:  # what arrives meanwhile joins this transaction
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._awaited.wait(), delay)
+            try:
+                await self.commit()
+            except Fenced:
+                continue  # the partitions are dropped; the worker takes them over again
+            except Exception as error:
+                if self.fatal is None:
+                    raise
+                self.fatal(error)
+                return
+
+    async def commit(self) -> None:
+        """Commit every partition's open checkpoint now, in one transaction; new ones open at once."""
+        while self.committing is not None:  # one transaction at a time
+            await self.committed()
+        parts: list[tuple[PartitionCheckpoints, Checkpoint]] = []
+        for handle in list(self.partitions.values()):
+            checkpoint = handle._take()
+            if checkpoint is not None:
+                parts.append((handle, checkpoint))
+        if not parts:
+            return
+        assert self.producer is not None, "an engine without a producer only catches up"
+        transaction = Transaction(parts)
+        self.committing = transaction
+        for handle, checkpoint in parts:
+            handle.committing = checkpoint
+        self.pacing.started(asyncio.get_running_loop().time(), transaction.commands)
+        membership = self.membership()
+        started = time.perf_counter()
+        try:
+            await transaction.commit(
+                self.producer,
+                self.journal_topic,
+                self.results_topic,
+                self.command_topics,
+                None if membership is None else membership.encode(),
+            )
+        except Fenced as error:
+            self._fence(error)
+            raise
+        finally:
+            self.committing = None
+            for handle, _ in parts:
+                handle.committing = None
+            self._committed.set()
+        self.transactions += 1
+        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - started)
+        metrics.CHECKPOINT_COMMANDS.observe(transaction.commands)
+        for handle, checkpoint in parts:
+            handle._committed(checkpoint)
+
+    def _fence(self, error: BaseException) -> None:
+        """Drop every partition: their state is ahead of what Kafka holds."""
+        self.fenced = error
+        metrics.FENCED.inc()
+        log.warning(
+            "this worker's transaction was fenced (%s): dropping its %d partitions", error, len(self.partitions)
+        )
+        for handle in list(self.partitions.values()):
+            handle._fence(error)
+            self.leave(handle)

@@ -6,9 +6,10 @@ are co-partitioned); this reader then consumes partition p of `agent-appends` an
 own), from the positions the partition's rows record (`CommandPositions`). Records move in
 fetched batches: one decision pass per batch per partition, no per-record framework dispatch.
 
-Offsets are also committed to Kafka under `<app id>-commands` (asynchronously, best effort) so
-`kafka-consumer-groups` shows the lag; correctness never depends on them: the positions in the
-rows do, written in the same RocksDB batch as what those commands produced.
+The reader's `group_id` is the Faust app's consumer group, which it never joins: every
+transaction of the worker commits the command positions as that group's offsets (the fence,
+`pipeline.journal.checkpoint.Transaction`), so `kafka-consumer-groups` shows the lag, and a new
+owner reads them back with `committed` before it takes a partition over.
 """
 
 from __future__ import annotations
@@ -17,18 +18,30 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from pipeline.journal.decisions import CommandRecord
 from pipeline.journal.engine import PartitionEngine
+from pipeline.kafka.group_generation import journal_offset_of
 from topics.admin import quiet_librdkafka
 from topics.names import TopicNames
 
 log = logging.getLogger("agentstream.journal")
 
 BATCH_RECORDS = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPositions:
+    """A partition's positions as its consumer group's committed offsets say: the last command done
+    on each command topic (-1: none) and the journal offset the committing transaction reached."""
+
+    appends: int
+    internal: int
+    journal: int
 
 
 class CommandReader:
@@ -62,7 +75,6 @@ class CommandReader:
             )
         )
         self._task: asyncio.Task[None] | None = None
-        self._commit_due = 0.0
         self._handing: set[int] = set()  # partitions whose fetched records are being handed over
 
     def start(self) -> None:
@@ -114,7 +126,6 @@ class CommandReader:
     async def _run(self) -> None:
         consume = self.consumer.consume
         internal_topic = self.names.internal_appends
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 if not self.engines:
@@ -153,9 +164,6 @@ class CommandReader:
                             await engine.handle_batch(commands)
                 finally:
                     self._handing.clear()
-                if loop.time() >= self._commit_due:
-                    self._commit_due = loop.time() + 5.0
-                    self._commit_positions()
                 await asyncio.sleep(0)  # let deliveries, drains and timers run between batches
             except asyncio.CancelledError:
                 raise
@@ -163,18 +171,30 @@ class CommandReader:
                 self.fatal(error)
                 return
 
-    def _commit_positions(self) -> None:
-        offsets = []
-        for p, engine in self.engines.items():
-            for internal, topic in ((False, self.names.appends), (True, self.names.internal_appends)):
-                done = engine.checkpoints.positions.done[internal]
-                if done >= 0:
-                    offsets.append(TopicPartition(topic, p, done + 1))
-        if offsets:
-            try:
-                self.consumer.commit(offsets=offsets, asynchronous=True)
-            except Exception as error:  # visibility only
-                log.debug("offset commit for monitoring failed: %s", error)
+    def committed(self, partitions: list[int], timeout_s: float) -> dict[int, GroupPositions]:
+        """The group's committed command positions of `partitions` (blocking: run it in a thread).
+
+        Read committed only, librdkafka asks the coordinator for stable offsets (KIP-447): while a
+        transaction that commits offsets of these partitions is open (a previous owner's, paused or
+        cut off), the answer waits until it commits or aborts. So what a new owner reads next (the
+        journal, the changelog) holds every transaction the previous owner will ever commit."""
+        tps = [
+            TopicPartition(topic, p) for p in partitions for topic in (self.names.appends, self.names.internal_appends)
+        ]
+        found = {(tp.topic, tp.partition): tp for tp in self.consumer.committed(tps, timeout=timeout_s)}
+        positions: dict[int, GroupPositions] = {}
+        for p in partitions:
+            appends = found[(self.names.appends, p)]
+            internal = found[(self.names.internal_appends, p)]
+            for tp in (appends, internal):
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+            positions[p] = GroupPositions(
+                appends=max(appends.offset, 0) - 1,
+                internal=max(internal.offset, 0) - 1,
+                journal=max(journal_offset_of(appends.metadata), journal_offset_of(internal.metadata)),
+            )
+        return positions
 
     def lag(self, partition: int) -> int | None:
         engine = self.engines.get(partition)

@@ -3,15 +3,16 @@
 One writer per partition. For every command of partition p it decides (pure core) what to journal
 and what follows, and stages all of it in the partition's open `Checkpoint`: the journal or
 dead-letter record, the records that follow it (its result, a request body, script commands), the
-rows the event changed and how far each command topic is read. The partition's `Committer` makes
-each checkpoint durable in one Kafka transaction (`Checkpoint.commit`), while the next batch is
-decided into the next checkpoint; stream states come from the `StreamRepository`, and what a new
+rows the event changed and how far each command topic is read. The worker's `WorkerCommitter`
+makes the checkpoints of all its partitions durable in one Kafka transaction at a time, while the
+next batch is decided into the next checkpoint; stream states come from the `StreamRepository`, and what a new
 owner re-folds and publishes again is `pipeline.journal.recovery`. Therefore:
 
 - stored rows never run ahead of the journal, nor the journal ahead of the command positions:
   a checkpoint is visible to `read_committed` readers whole or not at all;
-- a worker that lost its partition is fenced by Kafka (the next owner's `init_transactions`) and
-  nothing it prepared becomes visible; it drops the partition (`on_fenced`);
+- a worker that lost its partitions is fenced by Kafka (the group coordinator refuses its
+  transaction's offsets once the group moved on) and nothing it prepared becomes visible; it drops
+  the partition (`on_fenced`);
 - reads while deciding see every staged row first (`StreamRepository`), so the next batch is decided
   while the last one commits;
 - a re-delivered command is recognised by its source offset (recorded per stream and command
@@ -25,7 +26,7 @@ Two command topics feed one writer: `agent-appends` (anyone) and `agent-internal
 workers only; co-partitioned). Events that only the workers may write are refused on the first.
 
 The Faust wiring lives in `pipeline.journal.worker`; this module needs only a `RowStore` (the
-partition's stored rows) and a `TransactionalProducer`.
+partition's stored rows) and the worker's `WorkerCommitter`.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pydantic import ValidationError
 
 from pipeline import metrics, tracing
 from pipeline.journal import heap
-from pipeline.journal.checkpoint import Checkpoint, Committer, RowStore, TransactionalProducer
+from pipeline.journal.checkpoint import Checkpoint, RowStore, WorkerCommitter
 from pipeline.journal.decisions import CommandRecord, HandledCommand
 from pipeline.journal.follow_ups import FollowUps
 from pipeline.journal.streams import StreamEntry, StreamRepository
@@ -51,7 +52,7 @@ from processors.journal import Duplicate, Journaled, Rejected, journal_command, 
 from processors.reducer import fold
 from processors.render import DEFAULT_BUDGET, RenderBudget
 from processors.scheduler import decide, stale_expiry
-from processors.traceparent import TRACEPARENT
+from processors.traceparent import TRACEPARENT, carried
 from schemas.events import (
     AppendCommand,
     describe_validation_error,
@@ -84,7 +85,7 @@ class PartitionEngine:
         partition: int,
         store: RowStore,
         topics: Any,
-        producer: TransactionalProducer | None,
+        committer: WorkerCommitter,
         *,
         max_cached_streams: int,
         partitions: int = 0,  # the topic's partition count, to refuse misrouted commands (0: no check)
@@ -94,7 +95,6 @@ class PartitionEngine:
         max_pending: int = 20_000,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
-        commit_interval_ms: int = 0,
         fatal: Callable[[BaseException], None] | None = None,
         on_fenced: Callable[[PartitionEngine, BaseException], None] | None = None,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
@@ -102,7 +102,7 @@ class PartitionEngine:
         self.partition = partition
         self.store = store
         self.topics = topics
-        self.producer = producer
+        self.committer = committer
         self.clock_ms = clock_ms
         self.partitions = partitions
         self.default_model = default_model
@@ -114,17 +114,7 @@ class PartitionEngine:
         self.max_pending = max_pending  # commands staged at most while a checkpoint commits
         self.max_event_bytes = max_event_bytes
         self.append_id_window = append_id_window
-        self.checkpoints = Committer(
-            partition,
-            store,
-            producer,
-            topics.journal,
-            topics.results,
-            on_fenced=self._fenced,
-            fatal=fatal,
-            seal=self.seal,
-            commit_interval_s=commit_interval_ms / 1000,
-        )
+        self.checkpoints = committer.join(partition, store, on_fenced=self._fenced, seal=self.seal)
         # Streams folded in the open checkpoint: their item and metadata rows are written once, when
         # it is sealed, however many of their events it holds.
         self.unsealed: dict[str, StreamEntry] = {}
@@ -501,8 +491,8 @@ class PartitionEngine:
         if tracing.ON:
             outcome = "journaled" if event is not None else "rejected" if decision.reject_reason else "duplicate"
             decision.trace = tracing.journal_header(parent, event, outcome)
-        else:
-            decision.trace = parent
+        else:  # parsed and written anew: a producer's header is never copied as it came (§8)
+            decision.trace = carried(parent)
         if event is not None and decision.trace is not None:
             pending = self.streams.get(event.streamPath).state.pending
             if pending is not None and pending.offset == event.offset:  # the trigger of the next turn

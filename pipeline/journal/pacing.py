@@ -1,14 +1,15 @@
-"""When a partition's open checkpoint commits: at once, or a little later so that more commands
+"""When the worker's open checkpoints commit: at once, or a little later so that more commands
 share its Kafka transaction (docs/architecture.md, "Commit pacing"). Pure: times are passed in.
 
 A transaction costs the same whatever it holds: measured on the local broker, about 1.5 ms of the
 worker's CPU and 2 ms of the broker's. Committing whenever the last commit is done keeps latency
-lowest, but at a few hundred commands per second a partition then commits one or two commands per
-transaction, and the transactions cost far more than the commands. So once a partition receives
-commands faster than `MIN_EXPECTED` per interval, its commits start at most once per interval.
-Below that rate waiting would only add latency, and each checkpoint commits as soon as it can.
+lowest, but at a few hundred commands per second a worker then commits one or two commands per
+transaction, and the transactions cost far more than the commands. So once the worker receives
+commands (over all its partitions) faster than `MIN_EXPECTED` per interval, its commits start at
+most once per interval. Below that rate waiting would only add latency, and each commit starts as
+soon as the last one is done.
 
-A checkpoint that another process of the platform waits on never waits: one holding a command
+A commit that another process of the platform waits on never waits: one holding a command
 from `agent-internal-appends` (a request's settlement, a script run's start or end) or a
 record that follows an event (an LLM request, a script run). Those are steps of request/response
 chains, where every wait would add up along the chain.
@@ -29,8 +30,8 @@ MIN_SPAN_S = 0.001
 
 @dataclass(slots=True)
 class CommitPacing:
-    """One partition's commit rhythm: when its last checkpoint started committing, and how fast
-    commands have been arriving (commands per second over recent checkpoints)."""
+    """The worker's commit rhythm: when its last transaction started committing, and how fast
+    commands have been arriving (commands per second over recent transactions)."""
 
     interval_s: float
     rate: float = 0.0

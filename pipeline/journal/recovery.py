@@ -1,8 +1,8 @@
 """Taking a partition over: what the new owner re-folds and publishes again, in one place
 (docs/architecture.md, "Recovering").
 
-In order, for partition p, once Faust has restored its rows and the partition's producer has
-fenced every earlier owner:
+In order, for partition p, once Faust has restored its rows and the group's committed positions
+of p are stable (no earlier owner's transaction over p is open):
 
 1. `read_journal_tail`: re-fold the journal past the rows' recorded position (`refold`), and
    publish again what a previous owner may have died before publishing: the `journaled` result of
@@ -58,10 +58,17 @@ class Recovery:
     def __init__(self, engine: PartitionEngine) -> None:
         self.engine = engine
 
-    async def read_journal_tail(self, consumer: AIOKafkaConsumer, journal_topic: str) -> int:
+    async def read_journal_tail(
+        self, consumer: AIOKafkaConsumer, journal_topic: str, *, at_least: int = -1, timeout_s: float = 60.0
+    ) -> int:
         """Step 1: read the journal partition (committed records only) from the rows' recorded
         position to its last stable offset, re-fold it and commit what it stages. Returns the
-        number of events re-folded."""
+        number of events re-folded.
+
+        `at_least`: a journal offset the previous owner's last committed transaction reached (the
+        group's committed positions name it). Its commit marker may still be on its way to the
+        journal partition when the positions are already stable, so the read waits until the last
+        stable offset is past it."""
         from aiokafka.structs import TopicPartition
 
         engine = self.engine
@@ -71,6 +78,14 @@ class Recovery:
         tp = TopicPartition(journal_topic, engine.partition)
         consumer.assign([tp])
         end = (await consumer.end_offsets([tp]))[tp]  # read_committed: the last stable offset
+        while end <= at_least:
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(
+                    f"journal partition {engine.partition}: the last stable offset stayed at {end}, "
+                    f"before offset {at_least} of the last owner's committed transaction, for {timeout_s:.0f}s"
+                )
+            await asyncio.sleep(0.02)
+            end = (await consumer.end_offsets([tp]))[tp]
         async for batch in read_ranges_async(consumer, {tp: (position + 1, end)}):
             outcomes: list[Record] = []
             refolded += self.refold([(r.offset, r.value, dict(r.headers or ())) for r in batch], outcomes)

@@ -5,12 +5,15 @@ RocksDB rows table and its recovery. The data path around it moves records in ba
 
 - Faust assigns partitions of `agent-journal-owners` (co-partitioned with the rows table); once
   Faust has restored the rows of an assignment (`on_rebalance_complete`), this worker takes each
-  new partition over: its transactional producer fences the previous owner, the journal tail is
-  re-folded (`recover`), and partition p of both command topics is read (`CommandReader`);
-- `PartitionEngine` decides each command (pure core) into the partition's open checkpoint, and
-  commits each checkpoint in one Kafka transaction: journal, dead-letter, result, request and
-  changelog records and the command positions (`pipeline.journal.checkpoint`);
-- once committed, the rows go to the partition's RocksDB in one write batch together with Faust's
+  new partition over: it reads the group's committed positions of the partition (which waits out
+  a previous owner's open transaction), re-folds the journal tail (`recover`), and reads partition
+  p of both command topics (`CommandReader`);
+- `PartitionEngine` decides each command (pure core) into the partition's open checkpoint, and the
+  worker's one `WorkerCommitter` commits the checkpoints of all its partitions in one Kafka
+  transaction: journal, dead-letter, result, request and changelog records, and the command
+  positions as offsets of Faust's consumer group, fenced by the group generation Faust's member
+  holds (`pipeline.journal.checkpoint`, `pipeline.kafka.group_generation`);
+- once committed, the rows go to each partition's RocksDB in one write batch together with Faust's
   changelog offset (`FaustStore`), so a restart resumes exactly there.
 
 Faust reads committed records only here (`pipeline.kafka.faust_committed`): a fenced writer's
@@ -33,13 +36,16 @@ from rocksdict import WriteBatch
 
 from pipeline import exit_codes, metrics
 from pipeline.journal import heap
-from pipeline.journal.command_reader import CommandReader
+from pipeline.journal.checkpoint import WorkerCommitter
+from pipeline.journal.command_reader import CommandReader, GroupPositions
 from pipeline.journal.due_timer import DueTimer
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
 from pipeline.kafka.faust_committed import RAW, CommittedTableManager, broker_url, faust_credentials
+from pipeline.kafka.faust_internals import group_membership, table_offset_key, table_partition_db
+from pipeline.kafka.group_generation import GroupMembership, unjoined
 from pipeline.kafka.journal_reader import JournalReader
-from pipeline.kafka.producer import PartitionProducer
+from pipeline.kafka.producer import GroupMoved, JournalProducer
 from pipeline.settings import AIOKAFKA_METADATA_MAX_AGE_MS, Settings
 from processors.row_codec import RowFormatError
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
@@ -47,6 +53,10 @@ from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
 log = logging.getLogger("agentstream.journal")
 
 ROWS_TABLE = "rows"
+# How long a take-over waits for the group's committed positions to be stable: a previous owner's
+# open transaction ends within the transaction timeout (the broker aborts it then, checking every
+# 10 s by default), so this is a broker that does not answer.
+STABLE_POSITIONS_TIMEOUT_S = 120.0
 
 
 class FaustStore:
@@ -66,8 +76,7 @@ class FaustStore:
         self.changelog_topic: str = table.changelog_topic.get_topic_name()
 
     def _db(self) -> Any:
-        # Faust has no public per-partition read or prefix scan; this is the one place we reach in.
-        return self.table.data._db_for_partition(self.partition)
+        return table_partition_db(self.table, self.partition)
 
     def get(self, key: bytes) -> bytes | None:
         value = self._db().get(key)
@@ -87,7 +96,7 @@ class FaustStore:
             else:
                 batch.put(key, value)
         # Faust's recovery offset in the same atomic write as the rows it covers.
-        batch.put(self.table.data.offset_key, str(changelog_offset).encode())
+        batch.put(table_offset_key(self.table), str(changelog_offset).encode())
         self._db().write(batch)
 
 
@@ -120,8 +129,8 @@ def build_app(settings: Settings) -> faust.App:
         consumer_metadata_max_age_ms=AIOKAFKA_METADATA_MAX_AGE_MS,  # see its comment
         producer_metadata_max_age_ms=AIOKAFKA_METADATA_MAX_AGE_MS,
         consumer_group_instance_id=settings.worker_instance_id,
-        # Faust's own (aiokafka) producer sends only assignment ticks; every data record goes
-        # through a transactional librdkafka producer per partition (`PartitionProducer`).
+        # Faust's own (aiokafka) producer sends nothing; every data record goes through the
+        # worker's one transactional librdkafka producer (`JournalProducer`).
         stream_wait_empty=False,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
@@ -158,8 +167,36 @@ def build_app(settings: Settings) -> faust.App:
     kafka_config = settings.kafka_client_config()
     app.agentstream_kafka_config = kafka_config  # type: ignore[attr-defined]  # CommittedTableManager reads it
     producer_config = {**kafka_config, "message.max.bytes": LLM_REQUESTS_MAX_MESSAGE_BYTES + (1 << 20)}
-    commands_group = f"{settings.app_id}-commands"
+    # Faust's consumer group: the worker's transactions commit the command positions as its
+    # offsets, fenced by the generation of Faust's member (`pipeline.kafka.group_generation`).
+    commands_group = settings.app_id
     reader = CommandReader(kafka_config, names, commands_group, crash)
+    membership: list[GroupMembership] = [unjoined(settings.app_id)]  # as of the last rebalance
+    committer = WorkerCommitter(
+        None,
+        names.journal,
+        names.results,
+        (names.appends, names.internal_appends),
+        membership=lambda: membership[0] if settings.transactions else None,
+        fatal=crash,
+        commit_interval_s=settings.commit_interval_ms / 1000,
+    )
+    app.agentstream_committer = committer  # type: ignore[attr-defined]
+
+    async def ensure_producer() -> None:
+        """Start the worker's producer, or a new one after a fence that ended the last: a producer
+        of this transactional id that runs on (an earlier run of this worker) is fenced here."""
+        fence = committer.fenced
+        if committer.producer is not None and (fence is None or isinstance(fence, GroupMoved)):
+            committer.fenced = None
+            return
+        if committer.producer is not None:
+            committer.producer.close()  # type: ignore[attr-defined]
+        transactional_id = settings.journal_transactional_id() if settings.transactions else None
+        producer = JournalProducer(producer_config, transactional_id)
+        await producer.start()
+        committer.producer, committer.fenced = producer, None
+
     engines = reader.engines
     metrics.count_turns(engines)  # the partitions owned now: a revoked one no longer counts
 
@@ -178,27 +215,23 @@ def build_app(settings: Settings) -> faust.App:
     due_timer = DueTimer(run_due)
 
     def fenced(engine: PartitionEngine, _error: BaseException) -> None:
-        """A newer owner fenced this partition's producer: stop reading it; keep the others."""
+        """The worker's transaction was fenced: stop reading the partition; it is taken over anew
+        once the group has settled (`restart_dropped`)."""
         if reader.engines.get(engine.partition) is engine:
             reader.release(engine.partition)
-        engine.producer.close()  # type: ignore[union-attr]
 
-    async def take_over(partition: int) -> PartitionEngine:
-        """A new engine for `partition`, its producer initialised: from here on, every earlier owner
-        is fenced and its open transaction aborted, so the journal read next is final."""
-        transactional_id = settings.journal_transactional_id(partition) if settings.transactions else None
-        producer = PartitionProducer(producer_config, transactional_id)
-        await producer.start()
+    def take_over(partition: int, positions: GroupPositions) -> PartitionEngine:
+        """A new engine for `partition`, reading commands from where its rows or the group's
+        committed offsets say, whichever is further."""
         engine = PartitionEngine(
             partition,
             FaustStore(table, partition),
             names,
-            producer,
+            committer,
             max_cached_streams=settings.max_cached_streams,
             partitions=settings.partitions,
             max_event_bytes=settings.max_event_bytes,
             append_id_window=settings.append_id_window,
-            commit_interval_ms=settings.commit_interval_ms,
             fatal=crash,
             on_fenced=fenced,
             default_model=settings.default_model,
@@ -206,6 +239,7 @@ def build_app(settings: Settings) -> faust.App:
             render_budget=settings.render_budget_for,
         )
         engine.on_wake = due_timer.at
+        engine.checkpoints.positions.raise_to(positions.appends, positions.internal)
         return engine
 
     def aiokafka_reader() -> AIOKafkaConsumer:
@@ -215,13 +249,14 @@ def build_app(settings: Settings) -> faust.App:
             **settings.aiokafka_consumer_config(),
         )
 
-    async def recover(engine: PartitionEngine) -> None:
-        """Steps 1 and 2 of `Recovery`: re-fold the journal tail, wake the streams with work."""
+    async def recover(engine: PartitionEngine, positions: GroupPositions) -> None:
+        """Steps 1 and 2 of `Recovery`: re-fold the journal tail (at least as far as the group's
+        committed positions say the last owner got), wake the streams with work."""
         recovery = Recovery(engine)
         consumer = aiokafka_reader()
         await consumer.start()
         try:
-            await recovery.read_journal_tail(consumer, names.journal)
+            await recovery.read_journal_tail(consumer, names.journal, at_least=positions.journal)
         finally:
             await consumer.stop()
         recovery.wake_streams_with_work()
@@ -274,15 +309,26 @@ def build_app(settings: Settings) -> faust.App:
         """Take each newly owned partition over, all at once. Runs once Faust has restored the rows
         of the new assignment."""
         new = [p for p in sorted(owned_now()) if p not in engines and p not in starting]
+        if not new:
+            return
         starting.update(new)
-        await asyncio.gather(*(start_partition(partition) for partition in new))
-
-    async def start_partition(partition: int) -> None:
-        """Fence the partition's last owner, re-fold the journal tail, start reading its commands."""
         try:
-            engine = await take_over(partition)
+            await ensure_producer()
+            # Stable offsets: waits while a previous owner's transaction over these partitions is
+            # open, so that everything it will ever commit is in Kafka before the journal is read.
+            positions = await asyncio.to_thread(reader.committed, new, STABLE_POSITIONS_TIMEOUT_S)
+        except Exception as error:
+            starting.difference_update(new)
+            crash(error)
+            return
+        await asyncio.gather(*(start_partition(partition, positions[partition]) for partition in new))
+
+    async def start_partition(partition: int, positions: GroupPositions) -> None:
+        """Re-fold the journal tail, start reading the partition's commands."""
+        try:
+            engine = take_over(partition, positions)
             ends = await command_ends(partition)
-            await recover(engine)
+            await recover(engine, positions)
             if partition in owned_now() and engine.active:  # not revoked meanwhile by another rebalance
                 # Everything loaded and recovered so far (Faust, aiokafka, pydantic's schemas, the
                 # re-folded streams) out of the cyclic collector's view before commands flow: the
@@ -299,7 +345,7 @@ def build_app(settings: Settings) -> faust.App:
             else:
                 engine.active = False
                 await engine.checkpoints.flush()
-                engine.producer.close()  # type: ignore[union-attr]
+                committer.leave(engine.checkpoints)
         except Exception as error:
             crash(error)
         finally:
@@ -307,6 +353,9 @@ def build_app(settings: Settings) -> faust.App:
 
     @app.on_rebalance_complete.connect
     async def rebalanced(app: Any, **_: Any) -> None:
+        # The generation and member id the worker's transactions name until the next rebalance.
+        membership[0] = group_membership(app)
+        log.info("group %s generation %d: taking partitions over", settings.app_id, membership[0].generation)
         reader.start()
         asyncio.get_running_loop().create_task(start_partitions(), name="start-partitions")
 
@@ -316,6 +365,16 @@ def build_app(settings: Settings) -> faust.App:
         nothing is written to it."""
         async for _ in stream:
             pass
+
+    @app.timer(interval=5.0)
+    async def restart_dropped() -> None:
+        """Take over again what a fenced transaction dropped but the group still gives this worker
+        (a transaction the broker aborted while the worker was paused, with no rebalance since)."""
+        if committer.fenced is None or app.rebalancing or starting:
+            return
+        if owned_now() - set(engines):
+            membership[0] = group_membership(app)
+            await start_partitions()
 
     @app.timer(interval=5.0)
     async def report_lag() -> None:
@@ -339,7 +398,7 @@ def build_app(settings: Settings) -> faust.App:
             try:
                 await engine.checkpoints.flush()
             finally:
-                engine.producer.close()  # type: ignore[union-attr]
+                committer.leave(engine.checkpoints)
 
     app.agentstream_engines = engines  # type: ignore[attr-defined]
     return app

@@ -1,4 +1,4 @@
-"""The journal worker's producer: librdkafka (confluent-kafka), one per owned partition.
+"""The journal worker's producer: librdkafka (confluent-kafka), one per worker process.
 
 librdkafka batches and retries in its own threads, and is idempotent (`acks=all`,
 `enable.idempotence`): per partition, records land in the order they were produced, exactly once.
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from topics.admin import quiet_librdkafka
 
@@ -29,35 +30,62 @@ FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVAL
 
 
 class _FencingIsAHandOver(logging.Filter):
-    """librdkafka logs a fenced producer as CRITICAL; here it is the expected end of a stale owner's
-    writes (the engine logs `fenced` once per partition), so it is a warning."""
+    """librdkafka logs a fenced producer as CRITICAL, and a transaction whose offsets the group
+    refused as an error; here both are the expected end of a stale owner's writes (the committer
+    logs the fence once), so they are warnings."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.WARNING and "fenced" in record.getMessage():
+        if record.levelno > logging.WARNING and _HAND_OVER.search(record.getMessage()):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 
+_HAND_OVER = re.compile(r"fenced|ILLEGAL_GENERATION|UNKNOWN_MEMBER_ID|FENCED_INSTANCE_ID|REBALANCE_IN_PROGRESS")
 TRANSACTIONS_LOG = logging.getLogger("agentstream.kafka.transactions")
 TRANSACTIONS_LOG.addFilter(_FencingIsAHandOver())
 
 
 class Fenced(Exception):
-    """Another process initialised this partition's transactional id: it owns the partition now."""
+    """This worker's transactions are fenced: another process initialised its transactional id
+    (or the broker aborted a transaction open past its timeout), or the consumer group moved on
+    and refused the offsets of the transaction (`GroupMoved`). Nothing of the transaction is
+    visible; the worker owns none of its partitions until it takes them over again."""
+
+
+class GroupMoved(Fenced):
+    """The group coordinator refused the transaction's offsets: the generation or member id it
+    named is no longer the group's (a rebalance happened). The transaction is aborted; the
+    producer can go on with the next one."""
+
+
+# What a refused transactional offset commit says when the group moved on (KIP-447).
+GROUP_MOVED_CODES = {
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.REBALANCE_IN_PROGRESS,
+}
+
+
+TRANSACTION_TIMEOUT_MS = 10_000
 
 
 class TransactionFailed(Exception):
     """A transaction could not be committed and was aborted: nothing of it is visible."""
 
 
-class PartitionProducer:
-    """The producer of one owned partition (docs/architecture.md, "Fencing").
+class JournalProducer:
+    """The journal worker's one producer, for every partition it owns (docs/architecture.md,
+    "Fencing").
 
-    With a `transactional_id`, every checkpoint's records go out in one Kafka transaction: the
-    next owner's `init_transactions` bumps the id's epoch, so a worker that lost the partition
-    (paused, cut off) gets `Fenced` on its next produce or commit and nothing it prepared becomes
-    visible to `read_committed` readers. Without one (`AGENTSTREAM_TRANSACTIONS=false`) it is an
-    idempotent producer and `commit` only waits for the acknowledgements.
+    With a `transactional_id`, each commit's records go out in one Kafka transaction that also
+    commits the command positions as offsets of the worker's consumer group, naming its generation
+    (`commit`): once the group has moved on, the coordinator refuses those offsets and the
+    transaction aborts (`GroupMoved`), so a worker that lost its partitions (paused, cut off) writes
+    nothing `read_committed` readers see. A later process with the same transactional id fences
+    this one at `init_transactions` (`Fenced`). Without a transactional id
+    (`AGENTSTREAM_TRANSACTIONS=false`) it is an idempotent producer and `commit` only waits for the
+    acknowledgements.
 
     The blocking librdkafka calls (`init_transactions`, `flush`, `commit_transaction`) run in a
     thread; delivery callbacks may therefore run there too and must only record results.
@@ -82,8 +110,10 @@ class PartitionProducer:
         }
         if transactional_id is not None:
             options["transactional.id"] = transactional_id
-            # A checkpoint's transaction is open for milliseconds; a stalled one is aborted soon.
-            options.setdefault("transaction.timeout.ms", 60_000)
+            # A transaction is open for milliseconds. One left open by a worker that stopped (paused,
+            # killed) holds every read_committed reader of its partitions back until the broker
+            # aborts it, so not for long (Kafka Streams' exactly-once default is 10 s as well).
+            options.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
         self._producer = Producer({**quiet_librdkafka(options), "logger": TRANSACTIONS_LOG})
 
     def _on_error(self, error: KafkaError) -> None:
@@ -106,8 +136,9 @@ class PartitionProducer:
         raise error
 
     async def start(self, timeout_s: float = 60.0) -> None:
-        """Take ownership: fence every earlier producer of this transactional id and abort its open
-        transaction (Kafka finishes that abort before this returns); then open the first one."""
+        """Fence every earlier producer of this transactional id (an earlier run of this worker) and
+        abort its open transaction (Kafka finishes that abort before this returns); then open the
+        first one."""
         if self.transactional:
             await asyncio.to_thread(self._start, timeout_s)
 
@@ -183,18 +214,26 @@ class PartitionProducer:
         if left:
             raise TimeoutError(f"{left} records not delivered within {timeout_s:.0f}s")
 
-    async def commit(self, timeout_s: float = 60.0) -> None:
-        """Make the checkpoint's records durable and visible: flush, commit the transaction, and
-        open the next one, in one hop to a thread (`begin_transaction` blocks too).
+    async def commit(
+        self,
+        offsets: Callable[[], Sequence[TopicPartition]] = tuple,
+        group: bytes | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        """Make the transaction's records durable and visible, in one hop to a thread: flush,
+        commit `offsets()` (called once the records are acknowledged: their delivery callbacks have
+        run) as the consumer group's in the transaction (`group`: the member's serialized group
+        metadata, `pipeline.kafka.group_generation`), commit, open the next one.
 
-        Raises `Fenced` (another owner: drop the partition, write nothing more) or
-        `TransactionFailed` (aborted: nothing of it is visible)."""
+        Raises `GroupMoved` (the group refused the offsets: aborted, the producer goes on),
+        `Fenced` (another producer of this transactional id, or the broker aborted the transaction:
+        this producer is done) or `TransactionFailed` (aborted: nothing of it is visible)."""
         if not self.transactional:
             await self._flush(timeout_s)
             return
         self._open = False
         try:
-            await asyncio.to_thread(self._commit, timeout_s)
+            await asyncio.to_thread(self._commit, timeout_s, offsets, group)
         except (KafkaException, SystemError) as raised:
             # A KafkaException pending while librdkafka calls the logger surfaces as a SystemError
             # caused by it (seen when a cut-off worker is fenced): still a fence, not a crash.
@@ -206,14 +245,20 @@ class PartitionProducer:
                 raise Fenced(f"commit: {(self.fatal_error or kafka_error).str()}") from error  # type: ignore[union-attr]
             if kafka_error is not None and kafka_error.txn_requires_abort():
                 await asyncio.to_thread(self._producer.abort_transaction, timeout_s)
+                if kafka_error.code() in GROUP_MOVED_CODES:
+                    raise GroupMoved(f"the consumer group moved on: {kafka_error.str()}") from error
                 raise TransactionFailed(f"transaction aborted: {kafka_error.str()}") from error
             raise
 
-    def _commit(self, timeout_s: float) -> None:
+    def _commit(self, timeout_s: float, offsets: Callable[[], Sequence[TopicPartition]], group: bytes | None) -> None:
         """In a thread: the blocking part of `commit`."""
         left = self._producer.flush(timeout_s)
         if left:
             raise TimeoutError(f"{left} records not delivered within {timeout_s:.0f}s")
+        positions = list(offsets())
+        if positions and group is not None:
+            # The fence (KIP-447): refused, with an abortable error, once the group moved on.
+            self._producer.send_offsets_to_transaction(positions, group, timeout_s)
         while True:
             try:
                 self._producer.commit_transaction(timeout_s)

@@ -19,9 +19,9 @@ from processors.state import AgentState, Cell, Lane, OpenRequest, PendingTrigger
 from schemas.capabilities import SCRIPT_RUN_REQUESTED, SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.config import AgentConfig
 from schemas.context import ContextItem
-from tests.support.engine_harness import NAMES, PATH, EngineHarness, user
+from tests.support.engine_harness import NAMES, PATH, EngineHarness, committer, user
 from tests.support.journal_builder import Journal
-from tests.support.journal_fakes import DictStore, FakeTransactions
+from tests.support.journal_fakes import DictStore
 from tests.support.journal_strategy import PROPERTY_SETTINGS, journals
 from tests.support.row_store import state_view
 from topics.names import topic_names
@@ -195,7 +195,7 @@ def test_a_store_without_a_format_row_or_of_format_1_opens_and_is_marked_format_
     assert row_codec.check_format(stored, 3) == 1
 
     async def first_checkpoint() -> None:
-        engine = PartitionEngine(3, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+        engine = PartitionEngine(3, table, topic_names(""), committer(names=topic_names("")), max_cached_streams=10)
         assert table.get(rows.format_key(3)) == stored  # not before the checkpoint commits
         await engine.checkpoints.flush()  # stored with the partition's first checkpoint
 
@@ -211,7 +211,7 @@ def test_a_newer_row_format_stops_the_worker_and_says_a_downgrade_needs_that_ver
     table = DictStore()
     table.stored[rows.format_key(0)] = stored
     with pytest.raises(row_codec.RowFormatError) as stopped:
-        PartitionEngine(0, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+        PartitionEngine(0, table, topic_names(""), committer(names=topic_names("")), max_cached_streams=10)
     message = str(stopped.value)
     assert f"partition 0: the stored rows are in row format {int(stored)}, newer than format 2" in message
     assert "never downgraded" in message and "('Row format')" in message and "agentstream replay --verify" in message
@@ -223,7 +223,7 @@ def test_a_format_row_that_names_no_format_stops_the_worker_and_says_to_rebuild(
     table = DictStore()
     table.stored[rows.format_key(0)] = stored
     with pytest.raises(row_codec.RowFormatError, match=r"names no row format .*agentstream replay --verify"):
-        PartitionEngine(0, table, topic_names(""), FakeTransactions(), max_cached_streams=10)
+        PartitionEngine(0, table, topic_names(""), committer(names=topic_names("")), max_cached_streams=10)
 
 
 # --- the upcast chain (docs/operations.md, "Row format") --------------------------------------------

@@ -9,15 +9,17 @@ producer of `tests/support/journal_fakes.py`: commands in, committed records out
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from pipeline.journal.checkpoint import WorkerCommitter
 from pipeline.journal.decisions import CommandRecord
 from pipeline.journal.engine import PartitionEngine
 from schemas.events import CONTEXT_ADDED
 from tests.support.journal_fakes import DictStore, FakeTransactions
-from topics.names import topic_names
+from topics.names import TopicNames, topic_names
 
 NAMES = topic_names("t-")
 PATH = "/agents/a"
@@ -26,6 +28,23 @@ SYSTEM = {"type": CONTEXT_ADDED, "payload": {"role": "system", "content": "be br
 
 def user(text: str, **extra: Any) -> dict[str, Any]:
     return {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": text}, **extra}
+
+
+def committer(
+    kafka: FakeTransactions | None = None,
+    fatal: Callable[[BaseException], None] | None = None,
+    commit_interval_ms: int = 0,
+    names: TopicNames = NAMES,
+) -> WorkerCommitter:
+    """A worker's committer over the in-memory producer (a fresh one unless `kafka` is given)."""
+    return WorkerCommitter(
+        kafka if kafka is not None else FakeTransactions(),
+        names.journal,
+        names.results,
+        (names.appends, names.internal_appends),
+        fatal=fatal,
+        commit_interval_s=commit_interval_ms / 1000,
+    )
 
 
 class EngineHarness:
@@ -38,8 +57,10 @@ class EngineHarness:
         self.fatal: list[BaseException] = []
         self.dropped: list[int] = []
         engine_options.setdefault("on_fenced", lambda engine, _error: self.dropped.append(engine.partition))
+        commit_interval_ms = engine_options.pop("commit_interval_ms", 0)
+        self.committer = committer(self.kafka, self.fatal.append, commit_interval_ms)
         self.engine = engine_class(
-            0, self.table, NAMES, self.kafka, max_cached_streams=100, fatal=self.fatal.append, **engine_options
+            0, self.table, NAMES, self.committer, max_cached_streams=100, fatal=self.fatal.append, **engine_options
         )
         self.offsets = {False: 0, True: 0}
 

@@ -70,6 +70,10 @@ class FakeTransactions:
         self.committed: list[Record] = []
         self.open: list[tuple[Record, Any]] = []
         self.offsets: dict[str, int] = {}
+        # The consumer group offsets committed with each transaction: (topic, partition) -> (next
+        # offset, metadata), and the group metadata the last commit named.
+        self.group_offsets: dict[tuple[str, int], tuple[int, str]] = {}
+        self.group: bytes | None = None
         self.fail_next: dict[str, BaseException] = {}
         self.steps: list[str] = []
         self.transactions = 0
@@ -105,11 +109,14 @@ class FakeTransactions:
     async def barrier(self) -> None:
         self._step("barrier")
 
-    async def commit(self) -> None:
+    async def commit(self, offsets: Any = tuple, group: bytes | None = None) -> None:
         self._step("commit")
-        for record, on_delivery in self.open:
+        for record, on_delivery in self.open:  # acknowledged: the flush runs the callbacks
             if on_delivery is not None:
                 on_delivery(None, FakeMessage(record.topic, record.offset))
+        self.group = group
+        for tp in offsets():
+            self.group_offsets[(tp.topic, tp.partition)] = (tp.offset, tp.metadata)
         self.committed.extend(record for record, _ in self.open)
         self.open.clear()
         self.transactions += 1

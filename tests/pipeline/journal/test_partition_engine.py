@@ -19,7 +19,7 @@ import pytest
 
 from pipeline import metrics
 from pipeline.journal import records
-from pipeline.journal.checkpoint import Checkpoint, CommandPositions, Status, changelog_groups
+from pipeline.journal.checkpoint import CommandPositions, Status, Transaction, changelog_groups
 from pipeline.journal.decisions import CommandRecord
 from pipeline.journal.engine import PartitionEngine
 from pipeline.journal.recovery import Recovery
@@ -34,7 +34,7 @@ from schemas.events import (
     STREAM_ERROR_OCCURRED,
     TOKEN_USAGE_REPORTED,
 )
-from tests.support.engine_harness import NAMES, PATH, SYSTEM, EngineHarness, user
+from tests.support.engine_harness import NAMES, PATH, SYSTEM, EngineHarness, committer, user
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from topics.headers import H_REASON, H_SOURCE_OFFSET, H_SOURCE_TOPIC, SCHEDULER
 
@@ -53,9 +53,9 @@ def test_5_2_nothing_of_a_checkpoint_is_visible_or_stored_before_its_commit() ->
         commit = asyncio.Event()
         real_commit = h.kafka.commit
 
-        async def held() -> None:
+        async def held(*args: Any) -> None:
             await commit.wait()
-            await real_commit()
+            await real_commit(*args)
 
         h.kafka.commit = held  # type: ignore[method-assign]
         await h.handle(h.command(user("hi", appendId="x1")))
@@ -173,14 +173,19 @@ def test_5_2_any_other_failure_is_fatal_and_leaves_the_store_and_positions_untou
 
 def test_a_checkpoint_is_used_once() -> None:
     async def scenario() -> None:
-        checkpoint = Checkpoint(0)
+        kafka = FakeTransactions()
+        commits = committer(kafka)
+        handle = commits.join(0, DictStore(), on_fenced=lambda _error: None)
+        checkpoint = handle.open
         checkpoint.put(b"k", b"v")
-        await checkpoint.commit(
-            FakeTransactions(), DictStore(), NAMES.journal, {False: -1, True: -1}, -1, results_topic=NAMES.results
-        )
-        assert checkpoint.status is Status.COMMITTED
+        await commits.commit()
+        assert checkpoint.status is Status.COMMITTED and handle.open is not checkpoint
         with pytest.raises(RuntimeError, match="committed, not open"):
             checkpoint.put(b"k", b"w")
+        with pytest.raises(RuntimeError, match="committed, not open"):
+            await Transaction([(handle, checkpoint)]).commit(
+                kafka, NAMES.journal, NAMES.results, (NAMES.appends, NAMES.internal_appends), None
+            )
 
     run(scenario())
 
@@ -191,9 +196,9 @@ def test_the_next_batch_is_decided_while_a_checkpoint_commits() -> None:
         release = asyncio.Event()
         real_commit = h.kafka.commit
 
-        async def slow() -> None:
+        async def slow(*args: Any) -> None:
             await release.wait()
-            await real_commit()
+            await real_commit(*args)
 
         h.kafka.commit = slow  # type: ignore[method-assign]
         await h.handle(h.command(user("one")))
@@ -295,7 +300,7 @@ def test_5_1_4_a_failure_after_earlier_events_of_the_stream_in_the_same_checkpoi
         live = {k: v for k, v in h.table.stored.items() if not k.startswith(POSITIONS)}
         records = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
         fresh = DictStore()
-        engine = PartitionEngine(0, fresh, NAMES, h.kafka, max_cached_streams=100)
+        engine = PartitionEngine(0, fresh, NAMES, committer(h.kafka, h.fatal.append), max_cached_streams=100)
         Recovery(engine).refold(records, [])
         await engine.checkpoints.flush()
         again = {k: v for k, v in fresh.stored.items() if not k.startswith(POSITIONS)}
@@ -338,7 +343,9 @@ def test_source_offsets_are_per_command_topic() -> None:
 
 def restarted(h: EngineHarness) -> PartitionEngine:
     """A new engine on the same stored rows: what a restarted worker holds (nothing in memory)."""
-    return PartitionEngine(0, h.table, NAMES, h.kafka, max_cached_streams=100, fatal=h.fatal.append)
+    return PartitionEngine(
+        0, h.table, NAMES, committer(h.kafka, h.fatal.append), max_cached_streams=100, fatal=h.fatal.append
+    )
 
 
 def llm_requests(h: EngineHarness) -> list[dict[str, Any]]:
@@ -504,7 +511,9 @@ def test_5_2_recovery_from_any_part_of_a_changelog_burst_equals_the_full_fold() 
     async def scenario() -> None:
         h = EngineHarness()
         h.table = table = BurstRows()
-        h.engine = PartitionEngine(0, table, NAMES, h.kafka, max_cached_streams=100, fatal=h.fatal.append)
+        h.engine = PartitionEngine(
+            0, table, NAMES, committer(h.kafka, h.fatal.append), max_cached_streams=100, fatal=h.fatal.append
+        )
         other = "/agents/b"
 
         def on(path: str, body: dict[str, Any]) -> CommandRecord:
@@ -543,7 +552,7 @@ def test_5_2_recovery_from_any_part_of_a_changelog_burst_equals_the_full_fold() 
                         restored.stored.pop(key, None)
                     else:
                         restored.stored[key] = value
-                engine = PartitionEngine(0, restored, NAMES, h.kafka, max_cached_streams=100)
+                engine = PartitionEngine(0, restored, NAMES, committer(h.kafka, h.fatal.append), max_cached_streams=100)
                 position = engine.checkpoints.journal_position
                 Recovery(engine).refold([record for record in journal if record[0] > position], [])
                 await engine.checkpoints.flush()
@@ -617,7 +626,7 @@ def test_recovery_refolds_scheduled_events_to_the_live_rows() -> None:
         live = {k: v for k, v in h.table.stored.items() if not k.startswith(POSITIONS)}
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
         fresh = DictStore()
-        engine = PartitionEngine(0, fresh, NAMES, h.kafka, max_cached_streams=100)
+        engine = PartitionEngine(0, fresh, NAMES, committer(h.kafka, h.fatal.append), max_cached_streams=100)
         Recovery(engine).refold(journal, [])
         await engine.checkpoints.flush()
         again = {k: v for k, v in fresh.stored.items() if not k.startswith(POSITIONS)}
@@ -712,7 +721,9 @@ def test_6_catch_up_publishes_again_the_script_commands_of_the_events_it_refolds
             "agent/script-feedback@11",
         ]
         journal = [(offset, r.value, r.headers) for offset, r in enumerate(h.kafka.on(NAMES.journal))]
-        engine = PartitionEngine(0, DictStore(), NAMES, h.kafka, max_cached_streams=100)  # nothing stored
+        engine = PartitionEngine(
+            0, DictStore(), NAMES, committer(h.kafka, h.fatal.append), max_cached_streams=100
+        )  # nothing stored
         outcomes: list[tuple[str, bytes, bytes]] = []
         Recovery(engine).refold(journal, outcomes)
         again = [orjson.loads(value) for topic, key, value in outcomes if topic == NAMES.internal_appends]

@@ -44,7 +44,8 @@ from schemas.events import (
 )
 from schemas.limits import INT_MAX, INT_MIN
 from schemas.routing import AGENT_SUBSCRIBED
-from tests.support.journal_fakes import DictStore, FakeTransactions
+from tests.support.engine_harness import committer
+from tests.support.journal_fakes import DictStore
 from topics.headers import H_APPEND_ID, H_SOURCE_OFFSET, H_SOURCE_TOPIC, INTERNAL
 from topics.names import topic_names
 
@@ -232,7 +233,9 @@ def replayed(records: list[Record], batch: int) -> tuple[dict[bytes, bytes], int
 def caught_up(records: list[Record]) -> tuple[dict[bytes, bytes], int]:
     async def run() -> tuple[dict[bytes, bytes], int]:
         store = DictStore()
-        engine = PartitionEngine(0, store, topic_names(""), FakeTransactions(), max_cached_streams=1 << 30)
+        engine = PartitionEngine(
+            0, store, topic_names(""), committer(names=topic_names("")), max_cached_streams=1 << 30
+        )
         folded = Recovery(engine).refold((offset, value, dict(headers or ())) for offset, value, headers in records)
         await engine.checkpoints.flush()  # what catch-up staged, stored as one checkpoint
         return store.stored, folded

@@ -23,6 +23,7 @@ from processors.reducer import fold
 from processors.state import AgentState
 from schemas.capabilities import SCRIPT_RUN_SETTLED, SCRIPT_RUN_STARTED
 from schemas.events import CONTEXT_ADDED, LLM_REQUEST_SETTLED, decode_event
+from tests.support.engine_harness import committer
 from tests.support.journal_fakes import DictStore, FakeTransactions
 from tests.support.row_store import (
     ALPHA,
@@ -59,7 +60,7 @@ class Worker:
             0,
             table,
             NAMES,
-            self.kafka,
+            committer(self.kafka, self.fatal.append),
             max_cached_streams=100,
             append_id_window=APPEND_ID_WINDOW,
             fatal=self.fatal.append,

@@ -1,4 +1,4 @@
-"""`PartitionProducer.send_rows`, the journal worker's changelog rows in one `produce_batch` call
+"""`JournalProducer.send_rows`, the journal worker's changelog rows in one `produce_batch` call
 (docs/architecture.md, "Commit protocol"), against the real broker: every row lands once, a full
 queue delays rows but loses none, and a fenced producer's rows never become visible (behaviour §5.2).
 """
@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from pipeline.kafka.producer import Fenced, PartitionProducer
+from pipeline.kafka.producer import Fenced, JournalProducer
 from tests.kafka_stack import BOOTSTRAP, consumer_config
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -46,8 +46,8 @@ def committed_rows(topic: str, partition: int, expected: int, wait_s: float = 10
         consumer.close()
 
 
-def producer(transactional_id: str, **config: object) -> PartitionProducer:
-    return PartitionProducer({"bootstrap.servers": BOOTSTRAP, "log_level": 3, **config}, transactional_id)
+def producer(transactional_id: str, **config: object) -> JournalProducer:
+    return JournalProducer({"bootstrap.servers": BOOTSTRAP, "log_level": 3, **config}, transactional_id)
 
 
 def test_5_2_rows_sent_in_one_call_all_land_once_even_through_a_full_queue(topic: str) -> None:
