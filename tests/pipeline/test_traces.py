@@ -20,6 +20,7 @@ from pipeline.gateway.trace_context import TraceParentMiddleware
 from processors.traceparent import (
     TRACEPARENT,
     TraceParent,
+    carried,
     encode,
     from_headers,
     parse,
@@ -31,6 +32,9 @@ from schemas.outcomes import decode_outcomes
 from tests.support.engine_harness import NAMES, PATH, EngineHarness
 
 PARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+LATER = b"01" + PARENT[2:]  # the same fields under a later version
+# What a probe sent: a version-01 header with a 60 KB tail, copied onto every record it caused.
+HUGE = LATER + b"-" + b"x" * 60_000
 SYSTEM = {
     "type": CONTEXT_ADDED,
     "payload": {"role": "system", "content": "policy", "key": "agent/system-prompt"},
@@ -73,10 +77,31 @@ def test_8_a_later_versions_traceparent_is_read_by_its_first_four_fields() -> No
     assert parse(later) == TraceParent(0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, 1)
 
 
+def test_8_a_traceparent_is_carried_as_its_parsed_fields_in_55_bytes_never_as_sent() -> None:
+    """§8 "a traceparent is parsed, never copied": a later version is read by its first 55
+    characters when a dash follows them (what follows is never looked at) and carried as version 00;
+    version 00 is carried as it is."""
+    assert carried(PARENT) == PARENT
+    assert carried(LATER) == PARENT
+    assert carried(HUGE) == PARENT and len(carried(HUGE) or b"") == 55
+    assert carried(HUGE.decode()) == PARENT
+    assert carried(LATER + b"-\xff\x00 not ascii, never decoded") == PARENT
+    assert carried(b"fe" + PARENT[2:-2] + b"09-x") == PARENT[:-2] + b"09"  # the flags are kept
+    assert carried(LATER + b"x" * 60_000) is None  # a later version's further fields follow a dash
+    assert carried(PARENT + b"-x") is None  # version 00 is exactly 55 characters
+    assert carried(b"garbage") is None and carried(None) is None
+
+
 @pytest.mark.parametrize(
     "bad",
     [
         None,
+        LATER[:54],  # too short for any version
+        LATER + b"0",  # no dash after the 55 characters of a later version
+        b"0g" + PARENT[2:],  # the version is hex
+        PARENT[:35] + b"_" + PARENT[36:],  # the separators are dashes
+        PARENT[:-1] + b"\xff",  # not ASCII
+        b" " + PARENT,  # nothing around it
         b"",
         b"garbage",
         b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",  # zero trace id
@@ -96,6 +121,9 @@ def test_8_the_header_is_read_from_pairs_or_a_dict_and_set_once() -> None:
     assert from_headers(pairs) == PARENT == from_headers(dict(pairs))
     assert from_headers(None) is None and from_headers([("source-offset", b"7")]) is None
     assert from_headers([(TRACEPARENT, None)]) is None  # aiokafka may hand a header without value
+    # §8: what a record's reader carries on is the parsed header, never the record's bytes.
+    assert from_headers([(TRACEPARENT, HUGE)]) == PARENT == from_headers({TRACEPARENT: HUGE})
+    assert from_headers([(TRACEPARENT, b"not one")]) is None
     other = b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"
     assert with_traceparent(pairs, other) == [("source-offset", b"7"), (TRACEPARENT, other)]
     assert with_traceparent(pairs, None) == [("source-offset", b"7")]
@@ -125,6 +153,30 @@ def test_8_an_http_requests_traceparent_is_continued_by_its_appends() -> None:
     asyncio.run(call([]))
     assert seen == [PARENT, None, None]
     assert tracing.PARENT.get() is None  # reset after the request
+
+
+def test_8_finding_3_an_http_requests_long_traceparent_is_continued_as_55_bytes() -> None:
+    """§8 "a traceparent is parsed, never copied": a version-01 header with a 60 KB tail used to be
+    set as the parent of every append of the request, and so copied onto every record of a batch."""
+    seen: list[bytes | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(tracing.PARENT.get())
+        seen.append(tracing.append_header("/agents/a", CONTEXT_ADDED, "gateway"))
+
+    middleware = TraceParentMiddleware(app)
+    asyncio.run(middleware({"type": "http", "headers": [(b"traceparent", HUGE)]}, None, None))  # type: ignore[arg-type]
+    assert seen == [PARENT, PARENT]
+
+
+def test_8_an_append_carries_55_bytes_whoever_set_its_parent() -> None:
+    """§8: a client whose caller set the parent to a long header still writes the parsed one."""
+    assert not tracing.ON
+    token = tracing.PARENT.set(HUGE)
+    try:
+        assert tracing.append_header("/agents/a", CONTEXT_ADDED, "client") == PARENT
+    finally:
+        tracing.PARENT.reset(token)
 
 
 # --- the journal worker --------------------------------------------------------------------------
@@ -162,6 +214,39 @@ def test_8_tracing_off_the_worker_passes_the_commands_traceparent_on_to_the_turn
     assert call.headers == {TRACEPARENT: PARENT}
     assert h.engine.trigger_traces == {}  # used by the request it started
     assert not h.fatal
+
+
+def test_8_finding_3_tracing_off_the_worker_carries_a_producers_long_traceparent_as_55_bytes() -> None:
+    """§8 "a traceparent is parsed, never copied", at the door anyone with Kafka access can write:
+    the journal worker passes on the parsed header, never the 60 KB it was given, to the journal
+    record, the outcome, the scheduler's request, the call record and its own memory."""
+    h = EngineHarness()
+
+    async def scenario() -> None:
+        await h.handle(h.command(SYSTEM), h.command({"type": AGENT_CREATED, "payload": {}}))
+        message = h.command({"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "hi"}, "appendId": "m"})
+        message.headers[TRACEPARENT] = HUGE
+        await h.handle(message)
+        await h.settle()
+        assert h.engine.trigger_traces == {PATH: PARENT}  # held until the turn is decided
+        h.engine.schedule(h.engine.clock_ms() + 10**6)
+        await h.settle()
+
+    asyncio.run(scenario())
+    records = journal_records(h)
+    assert [headers.get(TRACEPARENT) for _, headers in records] == [None, None, PARENT, PARENT]
+    (call,) = h.kafka.on(NAMES.llm_requests)
+    assert call.headers == {TRACEPARENT: PARENT}
+    (outcome,) = [r for r in h.kafka.on(NAMES.results) if TRACEPARENT in r.headers]
+    assert outcome.headers[TRACEPARENT] == PARENT
+    assert not h.fatal
+
+
+def test_8_tracing_off_a_malformed_traceparent_is_not_passed_on() -> None:
+    h = EngineHarness()
+    a_turn(h, LATER + b"0")
+    records = h.kafka.on(NAMES.journal) + h.kafka.on(NAMES.llm_requests)
+    assert records and all(TRACEPARENT not in r.headers for r in records)
 
 
 def test_8_tracing_off_commands_without_a_traceparent_get_no_header() -> None:
