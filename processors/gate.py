@@ -23,13 +23,22 @@ segment and `**` across segments. And for every tier but platform (docs/behaviou
 - the idempotency keys the system mints (`agent/…`, `route/…`, …) are refused, so nobody can take
   a key a worker will need and silence a turn, a route or a result.
 A subscription's source must lie inside the appending token's scope too.
+
+And for every tier, platform included, an item widens nothing its writer could not reach
+(docs/behaviour.md §3.3, §6.6): an agent may read the events its own items reference, and the model
+is sent the files its items attach, so an event ref must name a stream inside the token's scope and
+an attached blob must be one the token could GET (uploaded to a stream inside its scope). The
+gateway looks up which streams each attached blob was uploaded to and passes them in; a blob it did
+not look up counts as readable by nobody.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from processors.files import blob_hex
 from processors.globs import in_scope
 from processors.idempotency_keys import RESERVED_KEY_PREFIXES, is_reserved
 from schemas.context import INTEGRATION_ACTOR_TYPES
@@ -62,6 +71,8 @@ RULES = (
     "reserved-key",
     "agent-only-types",
     "subscribe",
+    "refs",
+    "files",
     "worker-only",
     "user-agent-streams-only",
     "user-types",
@@ -112,13 +123,20 @@ class Refused:
 GateDecision = Admitted | Refused
 
 
+# Which streams each blob was uploaded to, by its sha256 hex (`BlobStore.refs`).
+BlobReaders = Mapping[str, Collection[str]]
+
+
 def admit(
     claims: Claims,
     command: AppendCommand,
     *,
     max_user_file_bytes: int = DEFAULT_MAX_USER_FILE_BYTES,
     origin: Origin = "web",
+    blob_readers: BlobReaders | None = None,
 ) -> GateDecision:
+    """`blob_readers`: the upload streams of every blob the item attaches (see `attached_blobs`);
+    one missing counts as uploaded nowhere."""
     path = command.streamPath
     if not in_scope(path, claims.scope):
         return Refused("scope", f"{path} is outside this token's scope {list(claims.scope)}")
@@ -127,6 +145,9 @@ def admit(
         if isinstance(source, str) and not in_scope(source, claims.scope):
             # Only platform tokens subscribe (the other tiers are refused agent-only types below).
             return Refused("subscribe", f"{source} is outside this token's scope {list(claims.scope)}")
+        widened = reach_refusal(claims.scope, command, blob_readers or {})
+        if widened is not None:
+            return widened
         return Admitted(command, internal=worker_only_reason(command.type, command.payload) is not None)
     if is_reserved(command.idempotencyKey):
         return Refused(
@@ -147,7 +168,59 @@ def admit(
     if command.type in AGENT_ONLY_TYPES or (command.type == CONTEXT_ADDED and command.payload.get("role") == "system"):
         what = "system items" if command.type == CONTEXT_ADDED else command.type
         return Refused("agent-only-types", f"{what} make and shape agents: only a platform token may send them")
-    return decision
+    widened = reach_refusal(claims.scope, command, blob_readers or {})
+    return decision if widened is None else widened
+
+
+# --- what an item lets its agent reach (§3.3, §6.6) --------------------------------------------
+
+
+def reach_refusal(scope: tuple[str, ...], command: AppendCommand, blob_readers: BlobReaders) -> Refused | None:
+    """Why an item would let its agent reach what its writer could not, or None.
+
+    An event ref is a read grant (the agent's scripts may `read_event` it), so its stream must be
+    inside the writer's scope: otherwise whoever may append to an agent could choose what it reads.
+    An attachment's bytes go to the model, so its blob must be readable with the writer's token
+    (uploaded to a stream inside its scope), as `GET /v1/files/sha256/<hex>` would decide. Only
+    attachments the caller would fetch (`blobs/sha256/<hex>` paths) are checked: any other path is
+    only ever shown as a hint line. Malformed refs and files are left to the payload's validation."""
+    if command.type != CONTEXT_ADDED:
+        return None  # other event types grant nothing: the host reads refs of context items only
+    item = command.payload
+    refs, files = item.get("refs"), item.get("files")
+    for ref in refs if isinstance(refs, list) else ():
+        if not isinstance(ref, dict) or ref.get("type") != "event":
+            continue
+        target = ref.get("streamPath")
+        if isinstance(target, str) and not in_scope(target, scope):
+            return Refused(
+                "refs",
+                f"the event ref {target}@{ref.get('offset')} is outside this token's scope {list(scope)}: "
+                "an item may reference only events its writer could read (its agent may read what it references)",
+            )
+    for file in files if isinstance(files, list) else ():
+        hex_digest = _blob_of(file)
+        if hex_digest is not None and not any(in_scope(stream, scope) for stream in blob_readers.get(hex_digest, ())):
+            return Refused(
+                "files",
+                f"file {file.get('filename')!r} ({file['path']}) is not readable with this token: upload it to a "
+                "stream inside its scope first (the bytes are stored once however often they are uploaded)",
+            )
+    return None
+
+
+def attached_blobs(payload: Any) -> list[str]:
+    """The content addresses a context item's attachments name (what `admit` needs readers for),
+    each once, in order."""
+    files = payload.get("files") if isinstance(payload, dict) else None
+    found = (_blob_of(file) for file in (files if isinstance(files, list) else ()))
+    return list(dict.fromkeys(hex_digest for hex_digest in found if hex_digest is not None))
+
+
+def _blob_of(file: Any) -> str | None:
+    """The content address an attachment names, the one the caller would fetch; else None."""
+    path = file.get("path") if isinstance(file, dict) else None
+    return blob_hex(path) if isinstance(path, str) else None
 
 
 # --- tiers -------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 An agent may read exactly the events its own items point at (`refs` of type `event`: a routed
 webhook, say) without any glob granting their streams. Journaled events never change, so the set
 only grows: each agent's index remembers how far it has read its stream and reads on from there.
+Every ref found grants its read: the gateway admits a ref only from a writer that could read the
+event itself (`processors/gate.py`, `reach_refusal`), and `agent-appends` is the trusted door.
 Blocking (the journal reader is): call it from a worker thread.
 """
 

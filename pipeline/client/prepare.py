@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from processors.gate import DEFAULT_MAX_USER_FILE_BYTES, Claims, Origin, Refused, admit
+from processors.gate import DEFAULT_MAX_USER_FILE_BYTES, BlobReaders, Claims, Origin, Refused, admit
 from schemas.events import (
     CONSUMED_TYPES,
     AppendCommand,
@@ -68,16 +68,20 @@ def prepare_append(
     check_payload: bool = False,
     origin: Origin = "web",
     max_user_file_bytes: int = DEFAULT_MAX_USER_FILE_BYTES,
+    blob_readers: BlobReaders | None = None,
 ) -> Prepared | Unfit:
     """`raw`: `{streamPath, type, payload, idempotencyKey?}`. `claims`: the gateway token's (its gate
-    decides and stamps); without, the door is a client's, and only `workers` may send worker-only
-    types (to the internal topic)."""
+    decides and stamps, `blob_readers` being the upload streams of the blobs the item attaches);
+    without, the door is a client's, and only `workers` may send worker-only types (to the internal
+    topic)."""
     try:
         command = AppendCommand.model_validate({**raw, "appendId": append_id})
     except ValidationError as error:
         return Unfit("invalid", describe_validation_error(error, raw.get("type")))
     if claims is not None:
-        decision = admit(claims, command, max_user_file_bytes=max_user_file_bytes, origin=origin)
+        decision = admit(
+            claims, command, max_user_file_bytes=max_user_file_bytes, origin=origin, blob_readers=blob_readers
+        )
         if isinstance(decision, Refused):
             return Unfit("forbidden", f"{decision.rule}: {decision.detail}", decision.rule)
         command, internal = decision.command, decision.internal

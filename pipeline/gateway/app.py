@@ -29,6 +29,8 @@ from pipeline.gateway import metrics
 from pipeline.gateway.commands import (
     Limits,
     Problem,
+    attached_to,
+    attached_to_lines,
     batch_answer,
     journaled_line,
     line_error,
@@ -38,7 +40,7 @@ from pipeline.gateway.commands import (
     prepare_submission,
 )
 from pipeline.gateway.console.routes import build_console
-from pipeline.gateway.files import add_file_routes
+from pipeline.gateway.files import add_file_routes, blob_readers
 from pipeline.gateway.guards import BodyDeadline, add_connection_handlers
 from pipeline.gateway.kafka import CommandProducer, ResultsFollower
 from pipeline.gateway.service import ApiError, Gateway, error_response, journaled, json_response
@@ -53,7 +55,7 @@ from pipeline.gateway.webhooks import (
     slack_signature_ok,
 )
 from pipeline.settings import Settings
-from processors.gate import Claims
+from processors.gate import BlobReaders, Claims
 from schemas.gateway import (
     Accepted,
     BatchLine,
@@ -172,7 +174,8 @@ def build_app(
             metrics.REFUSALS.labels("size").inc()
             raise ApiError(Problem(413, "too_large", f"{len(lines)} lines, over {MAX_BATCH_LINES} per batch"))
         gateway.require_kafka(wait)
-        return Response(await _batch(gateway, claims, lines, wait), media_type="application/json")
+        readers = await blob_readers(blobs, attached_to_lines(lines))
+        return Response(await _batch(gateway, claims, lines, wait, readers), media_type="application/json")
 
     @app.post(
         "/v1/streams/{path:path}/events",
@@ -192,7 +195,8 @@ def build_app(
         decoded = parse_json(body)
         if isinstance(decoded, Problem):
             raise ApiError(decoded)
-        ready = prepare_submission(claims, "/" + path, decoded, new_append_id(), topics, gateway.limits)
+        readers = await blob_readers(blobs, attached_to(decoded))
+        ready = prepare_submission(claims, "/" + path, decoded, new_append_id(), topics, gateway.limits, readers)
         if isinstance(ready, Problem):
             raise _refusal(ready)
         gateway.require_kafka(wait)
@@ -296,12 +300,18 @@ async def _webhook_append(gateway: Gateway, raw: dict[str, Any], status: int) ->
     return json_response(Accepted(streamPath=ready.stream_path, appendId=ready.append_id), status)
 
 
-async def _batch(gateway: Gateway, claims: Claims, lines: list[tuple[int, bytes]], wait: bool) -> bytes:
+async def _batch(
+    gateway: Gateway,
+    claims: Claims,
+    lines: list[tuple[int, bytes]],
+    wait: bool,
+    readers: BlobReaders | None = None,
+) -> bytes:
     """Every line prepared, then all produced in one burst (librdkafka batches them as the raw
     producer's, instead of one small batch per few lines), with one tally of Kafka's
     acknowledgements for all of them; the answer (`BatchResults`) once each is acknowledged (or
-    journaled, with `wait`)."""
-    results, prepared = prepare_lines(claims, lines, gateway.topics, gateway.limits)
+    journaled, with `wait`). `readers`: the upload streams of the blobs the lines attach."""
+    results, prepared = prepare_lines(claims, lines, gateway.topics, gateway.limits, readers)
     if len(prepared) < len(results):
         for result in results:
             if "rule" in result:

@@ -14,8 +14,8 @@ import orjson
 from pydantic import ValidationError
 
 from pipeline.client.prepare import Unfit, new_append_id, prepare_append
-from processors.gate import Claims, Origin
-from schemas.events import describe_validation_error
+from processors.gate import BlobReaders, Claims, Origin, attached_blobs
+from schemas.events import CONTEXT_ADDED, describe_validation_error
 from schemas.gateway import BatchLine, BatchLineError, BatchLineJournaled, EventSubmission, Journaled
 from schemas.limits import MAX_APPEND_ID_CHARS
 from topics.names import TopicNames
@@ -57,43 +57,87 @@ def _invalid_json(error: orjson.JSONDecodeError) -> Problem:
     return Problem(400, "invalid_json", f"the body is not valid JSON: {error}")
 
 
+def attached_to(body: Any) -> list[str]:
+    """The blobs a submitted command's item attaches (`{type, payload}`): the gate needs to know
+    where each was uploaded (`processors.gate.reach_refusal`)."""
+    if type(body) is not dict or body.get("type") != CONTEXT_ADDED:
+        return []
+    return attached_blobs(body.get("payload"))
+
+
+def attached_to_lines(lines: list[tuple[int, bytes]]) -> list[str]:
+    """The blobs the items of an NDJSON batch attach, each once. Only a line that mentions `files`
+    is decoded here; one that hides the word behind JSON escapes gets no readers looked up, and the
+    gate then refuses its attachments (it fails closed)."""
+    found: dict[str, None] = {}
+    for _, line in lines:
+        if b"files" not in line:
+            continue
+        try:
+            body = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # answered as invalid JSON when the line is prepared
+        found.update(dict.fromkeys(attached_to(body)))
+    return list(found)
+
+
 def prepare_submission(
-    claims: Claims, stream_path: str, body: Any, append_id: str, topics: TopicNames, limits: Limits
+    claims: Claims,
+    stream_path: str,
+    body: Any,
+    append_id: str,
+    topics: TopicNames,
+    limits: Limits,
+    blob_readers: BlobReaders | None = None,
 ) -> Ready | Problem:
-    """`POST /v1/streams/{path}/events`: the body is the decoded JSON `{type, payload, idempotencyKey?}`."""
+    """`POST /v1/streams/{path}/events`: the body is the decoded JSON `{type, payload, idempotencyKey?}`.
+    `blob_readers`: the upload streams of the blobs its item attaches (`processors.gate.admit`)."""
     if type(body) is dict and "streamPath" not in body and "appendId" not in body:
-        fast = _validated_once(claims, {**body, "streamPath": stream_path}, append_id, topics, limits)
+        fast = _validated_once(claims, {**body, "streamPath": stream_path}, append_id, topics, limits, blob_readers)
         if fast is not None:
             return fast
     try:
         submission = EventSubmission.model_validate(body)
     except ValidationError as error:
         return Problem(400, "invalid_command", describe_validation_error(error, _type_of(body)))
-    return prepare_command(
-        claims, {**submission.model_dump(exclude_none=True), "streamPath": stream_path}, append_id, topics, limits
-    )
+    raw = {**submission.model_dump(exclude_none=True), "streamPath": stream_path}
+    return prepare_command(claims, raw, append_id, topics, limits, blob_readers=blob_readers)
 
 
-def prepare_line(claims: Claims, body: Any, append_id: str, topics: TopicNames, limits: Limits) -> Ready | Problem:
+def prepare_line(
+    claims: Claims,
+    body: Any,
+    append_id: str,
+    topics: TopicNames,
+    limits: Limits,
+    blob_readers: BlobReaders | None = None,
+) -> Ready | Problem:
     """One NDJSON line: like a submission, naming its own `streamPath`."""
     if type(body) is dict and "appendId" not in body:
-        fast = _validated_once(claims, body, append_id, topics, limits)
+        fast = _validated_once(claims, body, append_id, topics, limits, blob_readers)
         if fast is not None:
             return fast
     try:
         line = BatchLine.model_validate(body)
     except ValidationError as error:
         return Problem(400, "invalid_command", describe_validation_error(error, _type_of(body)))
-    return prepare_command(claims, line.model_dump(exclude_none=True), append_id, topics, limits)
+    return prepare_command(
+        claims, line.model_dump(exclude_none=True), append_id, topics, limits, blob_readers=blob_readers
+    )
 
 
 def prepare_lines(
-    claims: Claims, lines: list[tuple[int, bytes]], topics: TopicNames, limits: Limits
+    claims: Claims,
+    lines: list[tuple[int, bytes]],
+    topics: TopicNames,
+    limits: Limits,
+    blob_readers: BlobReaders | None = None,
 ) -> tuple[list[LineResult], list[tuple[int, Ready]]]:
     """An NDJSON batch's lines `(number, bytes)`, each answered as `prepare_line` answers it with a
     new append id: every line's result in order (`accepted_line`, or `line_error`), and each
     accepted line's command with the index of its result. A plain item takes its template at once
-    (`prepare_line` would try it first too)."""
+    (`prepare_line` would try it first too). `blob_readers`: as for `prepare_submission`, for the
+    blobs of every line (`attached_blobs_of_lines`)."""
     results: list[LineResult] = []
     prepared: list[tuple[int, Ready]] = []
     loads, decode_error, append, plain_item = orjson.loads, orjson.JSONDecodeError, results.append, _plain_item
@@ -107,7 +151,7 @@ def prepare_lines(
         append_id = new_append_id()
         ready = plain_item(claims, body, append_id, topics, limits, known) if type(body) is dict else None
         if ready is None:
-            ready = prepare_line(claims, body, append_id, topics, limits)
+            ready = prepare_line(claims, body, append_id, topics, limits, blob_readers)
             if isinstance(ready, Problem):
                 append(line_error(number, ready))
                 continue
@@ -117,11 +161,20 @@ def prepare_lines(
 
 
 def prepare_command(
-    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits, *, origin: Origin = "web"
+    claims: Claims,
+    raw: dict[str, Any],
+    append_id: str,
+    topics: TopicNames,
+    limits: Limits,
+    *,
+    origin: Origin = "web",
+    blob_readers: BlobReaders | None = None,
 ) -> Ready | Problem:
     """One command through the one append path (`pipeline/client/prepare.py`), as an HTTP answer.
 
-    `origin`: the user actor's origin the gate stamps (`web`; `mcp` for the MCP door)."""
+    `origin`: the user actor's origin the gate stamps (`web`; `mcp` for the MCP door).
+    `blob_readers`: the upload streams of the blobs the item attaches; without them an item that
+    attaches a blob is refused (403, rule `files`)."""
     prepared = prepare_append(
         raw,
         append_id,
@@ -130,6 +183,7 @@ def prepare_command(
         check_payload=True,
         origin=origin,
         max_user_file_bytes=limits.max_user_file_bytes,
+        blob_readers=blob_readers,
     )
     if isinstance(prepared, Unfit):
         return _problem(prepared)
@@ -139,7 +193,12 @@ def prepare_command(
 
 
 def _validated_once(
-    claims: Claims, raw: dict[str, Any], append_id: str, topics: TopicNames, limits: Limits
+    claims: Claims,
+    raw: dict[str, Any],
+    append_id: str,
+    topics: TopicNames,
+    limits: Limits,
+    blob_readers: BlobReaders | None = None,
 ) -> Ready | Problem | None:
     """A body that carries no `appendId` (and, for a submission, no `streamPath`) is an append
     command once both are added, so it goes through the append path's own validation alone: a
@@ -148,7 +207,7 @@ def _validated_once(
     plain = _plain_item(claims, raw, append_id, topics, limits)
     if plain is not None:
         return plain
-    ready = prepare_command(claims, raw, append_id, topics, limits)
+    ready = prepare_command(claims, raw, append_id, topics, limits, blob_readers=blob_readers)
     if isinstance(ready, Problem) and ready.error == "invalid_command":
         return None
     return ready

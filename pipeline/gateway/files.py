@@ -112,6 +112,18 @@ async def readable(store: BlobStore, scope: tuple[str, ...], hex_digest: str) ->
         raise ApiError(file_problem(error)) from None
 
 
+async def blob_readers(store: BlobStore, digests: list[str]) -> dict[str, list[str]]:
+    """The streams each blob was uploaded to: what the append gate checks an item's attachments
+    against (docs/behaviour.md §3.3), so that an item attaches only what its token could GET.
+    Raises ApiError (503) while the store cannot answer."""
+    if not digests:
+        return {}
+    try:
+        return await asyncio.to_thread(lambda: {digest: store.refs(digest) for digest in digests})
+    except (BlobStoreError, OSError) as error:
+        raise ApiError(file_problem(error)) from None
+
+
 def file_response(data: bytes, hex_digest: str) -> Response:
     """The bytes with their sniffed type; never rendered as a page of this origin."""
     content_type = sniff_content_type(data[:SNIFF_BYTES], len(data) <= SNIFF_BYTES)

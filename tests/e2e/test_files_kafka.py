@@ -248,10 +248,14 @@ def test_3_3_a_missing_blob_renders_unavailable_and_the_turn_goes_on_end_to_end(
     attachment = expected(lost, "lost.png", "image/png")  # never uploaded
     tag = uuid.uuid4().hex
     item = {"role": "user", "content": f"{tag} and this?", "files": [attachment]}
+    # The gateway refuses it (no token could GET a blob never uploaded, rule `files`); a client
+    # writing agent-appends directly is not gated, and its item renders the hint.
     reply = env.gateway.request(
         "POST", f"/v1/streams{agent.path}/events?wait=true", {"type": CONTEXT_ADDED, "payload": item}, token=env.user
     )
-    assert reply.status == 200, reply
+    assert reply.status == 403 and reply.json()["rule"] == "files", reply
+    item["actor"] = {"type": "user", "origin": "cli"}
+    agent.append({"type": CONTEXT_ADDED, "payload": item}).wait(timeout=60)
     events = answered(env, agent.path, 1)
     (body,) = sent_for(env, tag)
     (message,) = [m for m in body["messages"] if tag in str(m["content"])]

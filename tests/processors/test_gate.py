@@ -20,7 +20,7 @@ import pytest
 
 from pipeline.gateway.tokens import TokenBook, TokensFileError, hash_token, new_token, parse_tokens_file
 from pipeline.gateway.webhooks import github_signature_ok, slack_signature_ok
-from processors.gate import RULES, Admitted, Claims, Refused, admit, in_scope
+from processors.gate import RULES, Admitted, Claims, Refused, admit, attached_blobs, in_scope
 from schemas.events import (
     AGENT_CONFIGURED,
     AGENT_PAUSED,
@@ -368,3 +368,114 @@ def test_6_8_reserved_idempotency_keys_are_refused_from_every_tier_but_platform(
 def test_6_8_keys_that_only_resemble_reserved_ones_stay_free(key: str) -> None:
     command = item_command(AGENT_STREAM, "user", "none", "plain").model_copy(update={"idempotencyKey": key})
     assert isinstance(admit(CLAIMS["user"], command), Admitted)
+
+
+# --- §6.6 / §3.3 an item widens nothing its writer could not reach --------------------------------
+
+ALICE = "/agents/alice/a1"
+BOB_EVENT = {"type": "event", "streamPath": "/agents/bob/b1", "offset": 3}
+GITHUB_EVENT = {"type": "event", "streamPath": "/integrations/github/7", "offset": 5}
+OWN_EVENT = {"type": "event", "streamPath": "/agents/alice/notes", "offset": 2}
+BOB_BLOB, OWN_BLOB, LOST_BLOB = "b" * 64, "a" * 64, "c" * 64
+READERS = {BOB_BLOB: ["/agents/bob/b1"], OWN_BLOB: ["/agents/bob/b1", "/agents/alice/uploads"], LOST_BLOB: []}
+# One token of each tier scoped to Alice's agents, each with the item its tier may send there.
+ALICE_TOKENS: dict[str, tuple[Claims, dict[str, Any]]] = {
+    "user": (Claims("user", ("/agents/alice/**",), user_id="alice"), {"role": "user"}),
+    "integration": (
+        Claims("integration", ("/agents/alice/**",)),
+        {"role": "developer", "actor": {"type": "integration", "name": "crm"}},
+    ),
+    "agent": (Claims("agent", ("/agents/alice/**",), agent_path="/agents/alice/helper"), {"role": "developer"}),
+    "platform": (Claims("platform", ("/agents/alice/**",)), {"role": "developer"}),
+}
+
+
+def attachment(hex_digest: str, name: str = "f.txt") -> dict[str, Any]:
+    return {
+        "contentType": "text/plain",
+        "filename": name,
+        "path": f"blobs/sha256/{hex_digest}",
+        "size": 3,
+        "url": f"/v1/files/sha256/{hex_digest}",
+    }
+
+
+def alices_item(tier: str, readers: Any = READERS, **fields: Any) -> Admitted | Refused:
+    claims, item = ALICE_TOKENS[tier]
+    command = AppendCommand(streamPath=ALICE, type=CONTEXT_ADDED, payload={**item, "content": "look", **fields})
+    return admit(claims, command, blob_readers=readers)
+
+
+@pytest.mark.parametrize("tier", ALICE_TOKENS)
+@pytest.mark.parametrize("ref", [BOB_EVENT, GITHUB_EVENT], ids=["another-agent", "an-integration"])
+def test_6_6_finding_1_an_event_ref_outside_the_writers_scope_is_refused_for_every_tier(
+    tier: str, ref: dict[str, Any]
+) -> None:
+    """§6.6: an agent may read the events its own items reference, so a ref may name only an event
+    its writer could read: one outside the token's scope is refused (rule `refs`), naming it."""
+    decision = alices_item(tier, refs=[ref])
+    assert isinstance(decision, Refused) and decision.rule == "refs", decision
+    assert f"{ref['streamPath']}@{ref['offset']}" in decision.detail
+    assert isinstance(alices_item(tier, refs=[OWN_EVENT]), Admitted)
+
+
+@pytest.mark.parametrize("tier", ALICE_TOKENS)
+def test_6_6_every_event_ref_of_an_item_is_checked_and_other_kinds_of_ref_grant_nothing(tier: str) -> None:
+    others = [
+        {"type": "user", "userId": "bob"},
+        {"type": "file", "path": "/agents/bob/b1/secret.txt"},
+        {"type": "git-commit", "repoPath": "/agents/bob/repo", "commitOid": "abc"},
+    ]
+    assert isinstance(alices_item(tier, refs=others), Admitted)
+    decision = alices_item(tier, refs=[*others, OWN_EVENT, BOB_EVENT])
+    assert isinstance(decision, Refused) and decision.rule == "refs"
+    assert "/agents/bob/b1@3" in decision.detail
+
+
+def test_6_6_a_token_whose_scope_covers_the_source_may_reference_it() -> None:
+    """§6.6: a writer that could read the event itself may point its agent at it."""
+    wide = Claims("user", ("/agents/alice/**", "/agents/bob/*"), user_id="alice")
+    command = AppendCommand(
+        streamPath=ALICE, type=CONTEXT_ADDED, payload={"role": "user", "content": "see", "refs": [BOB_EVENT]}
+    )
+    assert isinstance(admit(wide, command), Admitted)
+    one_segment = Claims("user", ("/agents/alice/**", "/agents/*"), user_id="alice")  # `*` is one segment
+    assert isinstance(admit(one_segment, command), Refused)
+
+
+def test_6_6_refs_in_events_other_than_items_grant_nothing_and_are_not_checked() -> None:
+    """The host reads the refs of context items only; a raw event may carry any JSON."""
+    claims = Claims("integration", ("/integrations/crm/**",))
+    command = AppendCommand(streamPath="/integrations/crm/1", type="com.example/ticket", payload={"refs": [BOB_EVENT]})
+    assert isinstance(admit(claims, command), Admitted)
+
+
+@pytest.mark.parametrize("tier", ALICE_TOKENS)
+def test_3_3_finding_1_a_file_the_writer_could_not_get_is_refused_for_every_tier(tier: str) -> None:
+    """§3.3: an attachment's bytes go to the model, so an item may attach only a blob its token
+    could GET: uploaded to a stream inside its scope (rule `files`). Uploaded elsewhere only,
+    never uploaded, or not looked up by the gateway: refused."""
+    for readers in (READERS, {}, None):
+        decision = alices_item(tier, readers, files=[attachment(BOB_BLOB, "bob.txt")])
+        assert isinstance(decision, Refused) and decision.rule == "files", (readers, decision)
+        assert "'bob.txt'" in decision.detail and BOB_BLOB in decision.detail
+    lost = alices_item(tier, files=[attachment(LOST_BLOB)])
+    assert isinstance(lost, Refused) and lost.rule == "files"
+    assert isinstance(alices_item(tier, files=[attachment(OWN_BLOB)]), Admitted)  # one upload stream in scope
+    both = alices_item(tier, files=[attachment(OWN_BLOB), attachment(BOB_BLOB)])
+    assert isinstance(both, Refused) and both.rule == "files"
+
+
+@pytest.mark.parametrize("tier", ALICE_TOKENS)
+def test_3_3_an_attachment_that_names_no_blob_is_only_a_hint_and_not_checked(tier: str) -> None:
+    """Only `blobs/sha256/<hex>` paths are ever fetched (processors/files.blob_hex); any other path
+    renders as a hint line, so it reaches nothing."""
+    odd = {**attachment(BOB_BLOB), "path": "/f/a"}
+    upper = {**attachment(BOB_BLOB), "path": "blobs/sha256/" + "B" * 64}
+    assert isinstance(alices_item(tier, {}, files=[odd, upper]), Admitted)
+
+
+def test_3_3_attached_blobs_names_each_blob_path_once_in_order() -> None:
+    payload = {"files": [attachment(BOB_BLOB), {"path": "/f/a"}, attachment(OWN_BLOB), attachment(BOB_BLOB), 7]}
+    assert attached_blobs(payload) == [BOB_BLOB, OWN_BLOB]
+    assert attached_blobs({"files": "nope"}) == [] == attached_blobs(None)

@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from pipeline.blobs import BlobStore
 from pipeline.client.prepare import new_append_id
 from pipeline.gateway import metrics
-from pipeline.gateway.commands import Problem, prepare_submission
+from pipeline.gateway.commands import Problem, attached_to, prepare_submission
 from pipeline.gateway.console.core import (
     AGENTS_PAGE,
     COALESCE_S,
@@ -53,7 +53,7 @@ from pipeline.gateway.console.views import (
     projection_items,
     slice_page,
 )
-from pipeline.gateway.files import file_response, not_readable, readable, store_upload, upload_gate
+from pipeline.gateway.files import blob_readers, file_response, not_readable, readable, store_upload, upload_gate
 from pipeline.gateway.files import receive as receive_file
 from pipeline.gateway.guards import add_connection_handlers
 from pipeline.gateway.service import ApiError, Gateway
@@ -377,7 +377,11 @@ def build_console(gateway: Gateway, blobs: BlobStore) -> tuple[FastAPI, Console]
         if not csrf_ok(viewer.session, form.get("csrf")):
             raise Refused(403, "the form's CSRF token does not match this session; reload the page")
         path = console.entry_or_refuse(viewer, form.get("path"))
-        ready = prepare_submission(viewer.claims, path, body, new_append_id(), gateway.topics, gateway.limits)
+        try:
+            readers = await blob_readers(blobs, attached_to(body))
+        except ApiError as error:
+            raise Refused(error.problem.status, error.problem.detail) from None
+        ready = prepare_submission(viewer.claims, path, body, new_append_id(), gateway.topics, gateway.limits, readers)
         if isinstance(ready, Problem):
             raise Refused(ready.status, ready.detail)
         try:

@@ -206,3 +206,44 @@ def test_7_2_a_batch_of_lines_answers_as_each_line_alone(claims: Claims, raw_lin
             expected.append(accepted_line(number, answer))
     assert results == expected
     assert prepared == expected_prepared
+
+
+# --- §6.6 / §3.3 refs and files the writer could not reach -------------------------------------
+
+ALICE = Claims("user", ("/agents/alice/**",), user_id="alice")
+BOB_REF = {"type": "event", "streamPath": "/agents/bob/b1", "offset": 3}
+BLOB = "d" * 64
+FILE = {"contentType": "text/plain", "filename": "b.txt", "path": f"blobs/sha256/{BLOB}", "size": 1, "url": "u"}
+
+
+def test_6_6_a_ref_or_file_beyond_the_writer_answers_403_naming_its_rule_on_every_route() -> None:
+    """The rules live in the gate (processors/gate.py, `reach_refusal`); every route reaches it."""
+    planted = {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "x", "refs": [BOB_REF]}}
+    attached = {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "x", "files": [FILE]}}
+    path = "/agents/alice/a1"
+    for body, rule in ((planted, "refs"), (attached, "files")):
+        for answer in (
+            prepare_submission(ALICE, path, body, APPEND_ID, TOPICS, LIMITS),
+            prepare_line(ALICE, {**body, "streamPath": path}, APPEND_ID, TOPICS, LIMITS),
+            prepare_command(ALICE, {**body, "streamPath": path}, APPEND_ID, TOPICS, LIMITS),
+        ):
+            assert isinstance(answer, Problem) and (answer.status, answer.rule) == (403, rule), answer
+    readable = {BLOB: ["/agents/alice/uploads"]}
+    assert isinstance(prepare_submission(ALICE, path, attached, APPEND_ID, TOPICS, LIMITS, readable), Ready)
+    elsewhere = {BLOB: ["/agents/bob/b1"]}
+    refused = prepare_submission(ALICE, path, attached, APPEND_ID, TOPICS, LIMITS, elsewhere)
+    assert isinstance(refused, Problem) and refused.rule == "files"
+    line = orjson.dumps({**attached, "streamPath": path})
+    results, prepared = prepare_lines(ALICE, [(1, line)], TOPICS, LIMITS, readable)
+    assert len(prepared) == 1, results
+    results, prepared = prepare_lines(ALICE, [(1, line)], TOPICS, LIMITS)
+    assert not prepared and results[0]["rule"] == "files"
+
+
+def test_3_3_the_blobs_a_submission_or_a_batch_attaches_are_found_for_the_gate() -> None:
+    attached = {"type": CONTEXT_ADDED, "payload": {"role": "user", "content": "x", "files": [FILE, FILE]}}
+    assert commands.attached_to(attached) == [BLOB]
+    assert commands.attached_to({**attached, "type": "acme/other"}) == []  # grants nothing: not checked
+    assert commands.attached_to([attached]) == []
+    lines = [(1, orjson.dumps(attached)), (2, b'{"files": '), (3, orjson.dumps({"type": CONTEXT_ADDED}))]
+    assert commands.attached_to_lines(lines) == [BLOB]
