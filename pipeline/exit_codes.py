@@ -10,5 +10,6 @@ NOT_FOUND = 4  # no such stream or request
 FATAL = 70  # a worker could not go on safely; a restart recovers from its rows and the journal
 ROW_FORMAT = 78  # the rows are another version's format: a restart will not help (EX_CONFIG)
 INTERRUPTED = 130  # Ctrl-C
+TERMINATED = 143  # `replay` stopped by SIGTERM (128 + 15, what a shell reports for a process SIGTERM ended)
 
-ALL = (OK, DIFFERENT, USAGE, KAFKA, NOT_FOUND, FATAL, ROW_FORMAT, INTERRUPTED)
+ALL = (OK, DIFFERENT, USAGE, KAFKA, NOT_FOUND, FATAL, ROW_FORMAT, INTERRUPTED, TERMINATED)

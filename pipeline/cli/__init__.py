@@ -3,7 +3,8 @@
 Exit codes: 0 success, 1 a check found differences (`replay --verify`; the demo's turn did not
 succeed), 2 bad input or configuration, 3 Kafka unreachable or misconfigured (missing topics, a
 failed delivery, no outcome from the journal worker within the timeout), 4 no such stream or
-request, 130 interrupted (pipeline/exit_codes.py). Errors are one line on stderr.
+request, 130 interrupted, 143 `replay` stopped by SIGTERM (pipeline/exit_codes.py). Errors are one
+line on stderr.
 """
 
 from __future__ import annotations

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 from pipeline import exit_codes
 from pipeline.cli.agent_verb import check_path
 from pipeline.journal import replay as replaying
-from pipeline.journal.replay import replay
+from pipeline.journal.replay import ReplayInterrupted, replay
 from pipeline.journal.replay_store import default_out_dir, live_store_paths, prepare_out_dir
 from pipeline.journal.replay_verify import verify
 from pipeline.settings import Settings
@@ -65,7 +67,11 @@ def run(args: argparse.Namespace) -> int:
     require_topics(
         settings.bootstrap_servers, [names.journal], settings.partitions, client_config=settings.kafka_client_config()
     )
-    stats = replay(settings, out_dir, args.path, progress=not args.quiet, jobs=args.jobs)
+    try:
+        stats = replay(settings, out_dir, args.path, progress=not args.quiet, jobs=args.jobs)
+    except ReplayInterrupted as stop:  # no summary, no verify: the output is not a replay
+        print(f"agentstream: {stop}: {out_dir} is incomplete (the next replay into it starts over)", file=sys.stderr)
+        return exit_codes.TERMINATED if stop.signum == signal.SIGTERM else exit_codes.INTERRUPTED
     if args.path is not None and args.path not in stats.streams:
         raise LookupError(
             f"no events of {args.path} in {names.journal}: check the path (agentstream agent create prints it)"

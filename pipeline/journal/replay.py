@@ -11,8 +11,9 @@ partition (each stream's metadata, item, idempotency and append-id rows, the par
 position and any row no stream owns), and prints every row that exists on one side only or differs.
 
 The output is written without RocksDB's write-ahead log: it is rebuilt from scratch, never
-resumed. An interrupted replay (Ctrl-C, a crash, a lost machine) may leave partial databases; the
-next replay into the same directory deletes them and starts over.
+resumed. An interrupted replay (Ctrl-C, SIGTERM, a crash, a lost machine) may leave partial
+databases; the next replay into the same directory deletes them and starts over. Ctrl-C or SIGTERM
+stops replay within about a second wherever it is, helper processes included (exit 130 or 143).
 
 The output directory is replay's own: it must be new, empty or a previous replay output (marked by
 a `.agentstream-replay` file), and outside the live data directory; anything else is refused, never
@@ -30,6 +31,7 @@ import pickle
 import queue
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -52,6 +54,58 @@ from topics.names import topic_names
 log = logging.getLogger("agentstream.replay")
 
 BATCH = 10_000  # records per consume call, and at most per write batch
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HELPERS_STOP_S = 3.0  # how long terminated helpers may take to end before they are killed
+
+
+class ReplayInterrupted(KeyboardInterrupt):
+    """Replay stopped on SIGINT (Ctrl-C) or SIGTERM: its output is incomplete, its helpers are gone."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"replay stopped by {signal.Signals(self.signum).name}"
+
+
+class _Stop:
+    """SIGINT and SIGTERM while replay runs, noted rather than raised where they land.
+
+    A KeyboardInterrupt raised inside library code can leave a lock held that the clean-up then
+    waits on forever (a multiprocessing queue's, cut off inside `put`). So the handlers only note
+    the signal, and replay calls `check` where stopping is safe: between batches, between Kafka
+    calls and in each of its waits, none of which blocks for more than a second while the broker
+    answers. Installed only from the main thread (the only one Python runs handlers on); a signal
+    the caller ignores stays ignored.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Stop:
+        if threading.current_thread() is threading.main_thread():
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None):  # None: set outside Python
+                    self._previous[signum] = signal.signal(signum, self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while self._previous:
+            signal.signal(*self._previous.popitem())
+
+    def _note(self, signum: int, _frame: object) -> None:
+        if self.signum is None:  # only an assignment: this runs between any two bytecodes
+            self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise ReplayInterrupted(self.signum)
+
+
+def _go_on() -> None:
+    """The `check` of code run without replay's signal handling (a helper, a test)."""
 
 
 @dataclass
@@ -139,17 +193,21 @@ def _start_reading(consumer: Consumer, topic: str, task: PartitionTask) -> None:
     consumer.assign([TopicPartition(topic, task.partition, task.low)])
 
 
-def _read_partition(consumer: Consumer, topic: str, task: PartitionTask) -> Iterator[list[Message]]:
+def _read_partition(
+    consumer: Consumer, topic: str, task: PartitionTask, check: Callable[[], None] = _go_on
+) -> Iterator[list[Message]]:
     """`pipeline.kafka.read.read_ranges` of the one partition `consumer` reads (`_start_reading`):
     batches of its records until the consumer's position reaches `task.high`, the end replay began
     with (by position: the last offsets may be transaction markers). Records with errors, of
     another partition (one the consumer read before) or past that end are left out; the usual
-    batch has none and is passed on as it came, checked in C (no Python frame per message)."""
+    batch has none and is passed on as it came, checked in C (no Python frame per message).
+    `check()` is called after every poll (a stop requested while no records come)."""
     if task.low >= task.high:
         return
     high, number, partition = task.high, task.partition, [TopicPartition(topic, task.partition)]
     while True:
         messages = consume_ready(consumer, BATCH, 1.0)
+        check()
         if messages:
             if (
                 messages[-1].offset() < high  # offsets grow along a partition's batch
@@ -227,13 +285,41 @@ def replay(
     They are started before this process opens any Kafka client or database: forked, if it has no
     other thread then (`helper_start_method`), otherwise with multiprocessing's "spawn" method, so a
     script calling this with jobs > 1 needs the usual `if __name__ == "__main__":` guard.
+
+    Called from the main thread, SIGINT and SIGTERM stop it at its next safe point (`_Stop`),
+    within about a second: its helpers are ended and `ReplayInterrupted` raised, whatever else
+    went wrong meanwhile (a helper the same Ctrl-C reached, say). The output is then incomplete.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
-    names = topic_names(settings.topic_prefix)
     prepare_out_dir(out_dir, settings.data_dir)
     stats = ReplayStats()
     started = time.monotonic()
+    with _Stop() as stop:
+        try:
+            _replay(settings, out_dir, only_path, progress, jobs, stats, stop.check)
+        except ReplayInterrupted:
+            raise
+        except BaseException as error:
+            if stop.signum is not None:
+                raise ReplayInterrupted(stop.signum) from error
+            raise
+        stop.check()  # a signal during the clean-up: the user asked to stop, so it is not reported done
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def _replay(
+    settings: Settings,
+    out_dir: Path,
+    only_path: str | None,
+    progress: bool,
+    jobs: int,
+    stats: ReplayStats,
+    check: Callable[[], None],
+) -> None:
+    """`replay`'s work, adding to `stats`; `check()` raises once a stop is requested."""
+    names = topic_names(settings.topic_prefix)
     consumer: Consumer | None = None
     helpers: _Helpers | None = None
     readers: _Readers | None = None
@@ -252,27 +338,34 @@ def replay(
                 out_dir,
                 only_path,
                 settings.append_id_window,
+                check=check,
             )
+        check()
         consumer = _consumer(settings.kafka_consumer_config())
         partitions = _journal_partitions(consumer, names.journal)
         if only_path is not None:
             partitions = [partition_for(only_path, len(partitions))]
         if helpers is None:  # this process replays every partition, in this order
             outputs.open_ahead(partitions)
-        tasks = [PartitionTask(p, *watermarks(consumer, TopicPartition(names.journal, p))) for p in partitions]
+        tasks = []
+        for partition in partitions:
+            check()
+            tasks.append(PartitionTask(partition, *watermarks(consumer, TopicPartition(names.journal, partition))))
         total = sum(task.high - task.low for task in tasks)
         with tqdm(total=total, unit="ev", desc="replay", disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
 
             def report(consumed: int) -> None:
                 bar.update(consumed)
+                check()
                 if helpers is not None:
                     helpers.poll(bar.update)  # their progress (and failures) between two of our batches
 
             if helpers is not None:
                 helpers.hand_out(tasks)
-            readers = _Readers(consumer, settings.kafka_consumer_config(), names.journal)
+            readers = _Readers(consumer, settings.kafka_consumer_config(), names.journal, check)
             with _folding_gc():
                 for number, task in enumerate(iter(helpers.take, None) if helpers is not None else tasks):
+                    check()
                     outputs.open_ahead([task.partition])  # unless opening already (--jobs 1)
                     batches = readers.read(task)
                     if helpers is None and number + 1 < len(tasks):
@@ -295,15 +388,14 @@ def replay(
                     stats.streams.update(streams)
             bar.total = bar.n  # the ends' sum was an upper bound: transaction markers take offsets too
     finally:
-        outputs.close()
-        if readers is not None:
-            readers.close()
-        if consumer is not None:
-            consumer.close()
-        if helpers is not None:
-            helpers.close()
-    stats.seconds = time.monotonic() - started
-    return stats
+        with contextlib.ExitStack() as cleanup:  # each one runs, whatever those before it raise
+            cleanup.callback(outputs.close)
+            if consumer is not None:
+                cleanup.callback(consumer.close)
+            if readers is not None:
+                cleanup.callback(readers.close)
+            if helpers is not None:
+                cleanup.callback(helpers.close)  # first: whatever fails next, they are gone
 
 
 class _Readers:
@@ -312,10 +404,13 @@ class _Readers:
     measured) passes meanwhile on librdkafka's threads. At most two read at once, and librdkafka
     bounds what each fetches ahead (`queued.max.messages.kbytes`)."""
 
-    def __init__(self, consumer: Consumer, client_config: dict[str, Any], topic: str) -> None:
+    def __init__(
+        self, consumer: Consumer, client_config: dict[str, Any], topic: str, check: Callable[[], None] = _go_on
+    ) -> None:
         self.consumer = consumer  # reads every partition not started ahead
         self.client_config = client_config
         self.topic = topic
+        self.check = check
         self._ahead: dict[int, Consumer] = {}
 
     def start_ahead(self, task: PartitionTask) -> None:
@@ -328,12 +423,12 @@ class _Readers:
         ahead = self._ahead.pop(task.partition, None)
         if ahead is None:
             _start_reading(self.consumer, self.topic, task)
-            return _read_partition(self.consumer, self.topic, task)
+            return _read_partition(self.consumer, self.topic, task, self.check)
         return self._read_ahead(ahead, task)
 
     def _read_ahead(self, consumer: Consumer, task: PartitionTask) -> Iterator[list[Message]]:
         try:
-            yield from _read_partition(consumer, self.topic, task)
+            yield from _read_partition(consumer, self.topic, task, self.check)
         finally:
             consumer.close()  # its partition is read (or replay stopped)
 
@@ -346,7 +441,8 @@ class _Helpers:
     """Processes that replay partitions beside this one.
 
     Partitions are handed out through a shared queue, largest first, to the helpers and to this
-    process alike; helpers report progress, results and failures on another queue.
+    process alike; helpers report progress, results and failures on another queue. Every wait
+    for them calls `check()` at least twice a second (replay's stop, `_Stop`).
     """
 
     def __init__(
@@ -357,7 +453,9 @@ class _Helpers:
         out_dir: Path,
         only_path: str | None,
         append_id_window: int = dedupe.DEFAULT_APPEND_ID_WINDOW,
+        check: Callable[[], None] = _go_on,
     ):
+        self.check = check
         method = helper_start_method()
         if method == "fork":  # a child must not write out what this process had buffered
             sys.stdout.flush()
@@ -385,8 +483,15 @@ class _Helpers:
             )
             for number in range(count)
         ]
-        for process in self.processes:
-            process.start()
+        # Started with SIGINT and SIGTERM blocked, which a child inherits: a helper takes them
+        # only once it has set its own handling (`_replay_worker`); a forked one would otherwise
+        # run replay's handler, which only notes them. Here they wait until every helper is started.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            for process in self.processes:
+                process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         self.results: list[tuple[int, list[str]]] = []
         self.expected = 0  # partitions the helpers took
 
@@ -401,10 +506,11 @@ class _Helpers:
     def take(self) -> PartitionTask | None:
         """This process's next partition to replay; None once all are taken."""
         while True:
+            self.check()
             try:
-                task = self.tasks.get(timeout=0.5)
+                task = self.tasks.get(timeout=0.25)
             except queue.Empty:
-                self._check()  # a helper that died holding the queue's lock would block us forever
+                self._raise_if_one_died()  # a helper that died holding the queue's lock would block us forever
                 continue
             if task is not None:
                 self.expected -= 1
@@ -429,12 +535,13 @@ class _Helpers:
     def wait(self, report: Callable[[int], None]) -> list[tuple[int, list[str]]]:
         """The helpers' results, once every partition they took is replayed."""
         while len(self.results) < self.expected:
-            self.poll(report, timeout=0.5)
+            self.check()
+            self.poll(report, timeout=0.25)
             if len(self.results) < self.expected:
-                self._check()
+                self._raise_if_one_died()
         return self.results
 
-    def _check(self) -> None:
+    def _raise_if_one_died(self) -> None:
         for process in self.processes:
             if process.exitcode not in (None, 0):
                 self.poll(lambda _: None)  # its own report of what went wrong, if it sent one
@@ -443,17 +550,23 @@ class _Helpers:
     def close(self) -> None:
         # Finished: every partition's rows are on disk, so a helper still alive has nothing left to
         # do (it may still be starting up). Interrupted or failed: stop them now; their half-written
-        # databases are rebuilt from scratch by the next replay into this directory.
+        # databases are rebuilt from scratch by the next replay into this directory. SIGTERM ends a
+        # helper at once (`_replay_worker`); one still starting takes it once started, one stuck
+        # anywhere is killed after HELPERS_STOP_S.
         for process in self.processes:
             if process.is_alive():
                 process.terminate()
+        deadline = time.monotonic() + HELPERS_STOP_S
         for process in self.processes:
-            process.join(10)
+            process.join(max(deadline - time.monotonic(), 0.0))
             if process.is_alive():
                 process.kill()
-                process.join()
-        self.tasks.close()
-        self.reports.close()
+                process.join(HELPERS_STOP_S)
+        for channel in (self.tasks, self.reports):
+            # Neither closed nor joined: a feeder thread may be blocked on a pipe no helper reads
+            # any more, and multiprocessing would join it at exit. The queue's finalizer closes it;
+            # the lock that takes is free, since no signal raises inside a `put` (`_Stop`).
+            channel.cancel_join_thread()
 
 
 def helper_start_method() -> str:
@@ -482,6 +595,8 @@ def _replay_worker(
 ) -> None:
     """One replay process: partitions from `tasks` until a None, everything it learns to `reports`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # how it does: at once, wherever we are
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked while we were started (`_Helpers`)
 
     def report(consumed: int) -> None:
         if os.getppid() != parent:
