@@ -158,8 +158,15 @@ def test_finding_8_an_actor_path_with_a_newline_cannot_forge_a_header_line(stack
 
 
 def rewind_command_positions(stack: Stack) -> None:
-    """Make the stopped worker read every command again: its rows record where reading resumes."""
+    """Make the stopped worker read every command again: reading resumes after the further of
+    the positions its rows record and its consumer group's committed offsets, so both go back to
+    the start (the group's once its stopped static member has left it: offsets of a group with
+    members cannot be altered)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
     from pipeline.journal.replay_store import live_store_paths, open_rows
+    from topics.names import topic_names
 
     for partition, path in live_store_paths(stack.settings).items():
         db = open_rows(path)
@@ -167,6 +174,20 @@ def rewind_command_positions(stack: Stack) -> None:
             db[rows.command_positions_key(partition)] = orjson.dumps({"appends": -1, "internal": -1})
         finally:
             db.close()
+    admin = AdminClient({"bootstrap.servers": BOOTSTRAP, "log_level": 3})
+    group = stack.settings.app_id
+    topics = topic_names(stack.settings.topic_prefix)
+    names = [topics.appends, topics.internal_appends]
+    start = [TopicPartition(topic, p, 0) for topic in names for p in range(2)]
+
+    def rewound() -> bool:
+        try:
+            done = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, start)])[group].result()
+        except Exception:  # the group still has its member (until its session times out)
+            return False
+        return all(tp.error is None for tp in done.topic_partitions)
+
+    wait_until(rewound, 60, "the consumer group's offsets rewound")
 
 
 def test_finding_4_a_redelivered_journaled_command_publishes_its_outcome_again(stack: Stack) -> None:
