@@ -227,7 +227,8 @@ class Transaction:
            sees a result or a request for an event the journal could still lose. (Inside a
            transaction the commit makes everything visible at once.)
         4. Produce the follow-ups (llm-requests, script-runs, the workers' own commands), then the
-           outcomes on `results_topic`, many to a record.
+           outcomes of every partition on `results_topic`, many to a record, all in one partition
+           (the first checkpoint's).
         5. Produce each partition's rows to its changelog partition, group after group of
            `changelog_groups` (a group in one `send_rows` call, its last row alone: it carries the
            delivery callback), the positions last: `c`, how far each command topic is read, and
@@ -260,8 +261,12 @@ class Transaction:
                 partition = checkpoint.partition
                 for topic, key, value, headers in checkpoint.follow_ups:
                     send(topic, key, value, partition, headers or None)
-                for value in outcome_records(checkpoint.outcomes):
-                    send(results_topic, None, value, partition, None)
+            # Every reader of the results topic reads all its partitions, so the outcomes of the
+            # whole transaction go to one partition: each partition a transaction writes costs a
+            # produce request and a commit marker.
+            outcomes = [outcome for _, checkpoint in self.parts for outcome in checkpoint.outcomes]
+            for value in outcome_records(outcomes):
+                send(results_topic, None, value, self.parts[0][1].partition, None)
             stored: list[tuple[PartitionCheckpoints, Checkpoint]] = []
             for handle, checkpoint in self.parts:  # 5
                 checkpoint._positions(handle.positions.done, max(handle.journal_position, checkpoint.journal_offset))

@@ -32,6 +32,8 @@ from topics.names import TopicNames
 log = logging.getLogger("agentstream.journal")
 
 BATCH_RECORDS = 5000
+IDLE_FETCH_WAIT_MS = 100
+PACED_FETCH_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,15 @@ class GroupPositions:
     journal: int
 
 
+def fetch_settings(internal: bool, commit_interval_ms: int) -> dict[str, int]:
+    """How the reader of one command topic fetches (`CommandReader`): the internal topic, and any
+    topic without commit pacing, at once; client commands of a paced worker in fetches held for a
+    third of the commit interval or a MiB."""
+    if internal or commit_interval_ms <= 0:
+        return {"fetch.wait.max.ms": IDLE_FETCH_WAIT_MS, "fetch.min.bytes": 1}
+    return {"fetch.wait.max.ms": max(commit_interval_ms // 3, 1), "fetch.min.bytes": PACED_FETCH_MIN_BYTES}
+
+
 class CommandReader:
     def __init__(
         self,
@@ -51,29 +62,36 @@ class CommandReader:
         names: TopicNames,
         group_id: str,
         fatal: Callable[[BaseException], None],
+        commit_interval_ms: int = 0,
     ) -> None:
         self.names = names
         self.fatal = fatal
         self.engines: dict[int, PartitionEngine] = {}
-        self.consumer = Consumer(
-            quiet_librdkafka(
-                {
-                    **config,
-                    "group.id": group_id,
-                    # The workers' own commands come out of transactions: never an aborted one.
-                    "isolation.level": "read_committed",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    # How long the broker holds a fetch that finds nothing; records end the wait at
-                    # once, so this only sets how often an idle reader asks. At 5 ms the broker spent
-                    # about 5 % of a core answering one idle worker (docs/benchmarks.md, round seven).
-                    "fetch.wait.max.ms": 100,
-                    "fetch.max.bytes": 64 << 20,
-                    "max.partition.fetch.bytes": 8 << 20,
-                    "queued.max.messages.kbytes": 256 << 10,
-                }
-            )
-        )
+        base = {
+            **config,
+            "group.id": group_id,
+            # The workers' own commands come out of transactions: never an aborted one.
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+            "queued.max.messages.kbytes": 256 << 10,
+        }
+        # A consumer per command topic, because they want different fetches. Every fetch costs the
+        # broker work for each partition it names, and a fetch that finds records returns at once,
+        # so a reader of a steady trickle asks again after every record. Client commands go into
+        # paced commits (`pipeline.journal.pacing`) anyway: their fetch is held until a MiB has
+        # arrived or a third of the commit interval has passed, a tenth of the fetches at 500
+        # commands/s for a few ms of latency (docs/benchmarks.md, round eight). The internal topic
+        # carries what other processes of the platform wait on: its fetch returns at once. When a
+        # fetch finds nothing, `fetch.wait.max.ms` also sets how often an idle reader asks: at 5 ms
+        # the broker spent about 5 % of a core answering one idle worker (round seven).
+        self.consumers = {
+            internal: Consumer(quiet_librdkafka({**base, **fetch_settings(internal, commit_interval_ms)}))
+            for internal in (False, True)
+        }
+        self.topics = {False: names.appends, True: names.internal_appends}
         self._task: asyncio.Task[None] | None = None
         self._handing: set[int] = set()  # partitions whose fetched records are being handed over
 
@@ -86,11 +104,8 @@ class CommandReader:
         p = engine.partition
         self.engines[p] = engine
         positions = engine.checkpoints.positions
-        assignment = [
-            TopicPartition(self.names.appends, p, _resume(positions.done[False])),
-            TopicPartition(self.names.internal_appends, p, _resume(positions.done[True])),
-        ]
-        self.consumer.incremental_assign(assignment)
+        for internal, consumer in self.consumers.items():
+            consumer.incremental_assign([TopicPartition(self.topics[internal], p, _resume(positions.done[internal]))])
         log.info(
             "partition %d: reading commands from offsets %d (appends) and %d (internal)",
             p,
@@ -105,9 +120,8 @@ class CommandReader:
         if engine is None:
             return None
         engine.active = False
-        self.consumer.incremental_unassign(
-            [TopicPartition(self.names.appends, partition), TopicPartition(self.names.internal_appends, partition)]
-        )
+        for internal, consumer in self.consumers.items():
+            consumer.incremental_unassign([TopicPartition(self.topics[internal], partition)])
         return engine
 
     def read_through(self, partition: int, ends: dict[bool, int]) -> bool:
@@ -115,23 +129,24 @@ class CommandReader:
         engine. Compares the consumer's positions: the last offsets may be transaction markers."""
         if partition in self._handing or partition not in self.engines:
             return False
-        tps = [TopicPartition(self.names.appends, partition), TopicPartition(self.names.internal_appends, partition)]
-        positions = {tp.topic: tp.offset for tp in self.consumer.position(tps)}
         done = self.engines[partition].checkpoints.positions.done  # committed: read past them
-        return (
-            max(positions[self.names.appends], done[False] + 1) >= ends[False]
-            and max(positions[self.names.internal_appends], done[True] + 1) >= ends[True]
-        )
+        for internal, consumer in self.consumers.items():
+            [position] = consumer.position([TopicPartition(self.topics[internal], partition)])
+            if max(position.offset, done[internal] + 1) < ends[internal]:
+                return False
+        return True
 
     async def _run(self) -> None:
-        consume = self.consumer.consume
+        consumers = list(self.consumers.values())
         internal_topic = self.names.internal_appends
         while True:
             try:
                 if not self.engines:
                     await asyncio.sleep(0.05)
                     continue
-                messages = consume(num_messages=BATCH_RECORDS, timeout=0)
+                messages = [
+                    m for consumer in consumers for m in consumer.consume(num_messages=BATCH_RECORDS, timeout=0)
+                ]
                 if not messages:
                     await asyncio.sleep(0.002)
                     continue
@@ -181,7 +196,7 @@ class CommandReader:
         tps = [
             TopicPartition(topic, p) for p in partitions for topic in (self.names.appends, self.names.internal_appends)
         ]
-        found = {(tp.topic, tp.partition): tp for tp in self.consumer.committed(tps, timeout=timeout_s)}
+        found = {(tp.topic, tp.partition): tp for tp in self.consumers[True].committed(tps, timeout=timeout_s)}
         positions: dict[int, GroupPositions] = {}
         for p in partitions:
             appends = found[(self.names.appends, p)]
@@ -201,7 +216,9 @@ class CommandReader:
         if engine is None:
             return None
         try:
-            _, high = self.consumer.get_watermark_offsets(TopicPartition(self.names.appends, partition), cached=True)
+            _, high = self.consumers[False].get_watermark_offsets(
+                TopicPartition(self.names.appends, partition), cached=True
+            )
         except Exception:
             return None
         if high < 0:
@@ -212,7 +229,8 @@ class CommandReader:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        self.consumer.close()
+        for consumer in self.consumers.values():
+            consumer.close()
 
 
 def _resume(done: int) -> int:

@@ -170,7 +170,7 @@ def build_app(settings: Settings) -> faust.App:
     # Faust's consumer group: the worker's transactions commit the command positions as its
     # offsets, fenced by the generation of Faust's member (`pipeline.kafka.group_generation`).
     commands_group = settings.app_id
-    reader = CommandReader(kafka_config, names, commands_group, crash)
+    reader = CommandReader(kafka_config, names, commands_group, crash, settings.commit_interval_ms)
     membership: list[GroupMembership] = [unjoined(settings.app_id)]  # as of the last rebalance
     committer = WorkerCommitter(
         None,

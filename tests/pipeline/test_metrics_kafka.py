@@ -90,7 +90,7 @@ def test_counters_move_after_a_turn(tmp_path: Path) -> None:
             # Each member reports its consumer group's lag per partition: the journal worker on
             # agent-appends, the caller on llm-requests (from its first unfinished record).
             names = stack.client.topics
-            journal_group, caller_group = f"{stack.settings.app_id}-commands", stack.settings.caller_group
+            journal_group, caller_group = stack.settings.app_id, stack.settings.caller_group
             wait_until(
                 lambda: lags(scrape(journal_port)) == {(journal_group, names.appends): 0.0},
                 timeout=30,

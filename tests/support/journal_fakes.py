@@ -60,6 +60,7 @@ class Record:
     value: bytes
     headers: dict[str, bytes]
     offset: int
+    partition: int = 0
 
 
 class FakeTransactions:
@@ -100,7 +101,7 @@ class FakeTransactions:
         self._step("send")
         offset = self.offsets.get(topic, 0)
         self.offsets[topic] = offset + 1
-        self.open.append((Record(topic, key, value or b"", dict(headers or ()), offset), on_delivery))
+        self.open.append((Record(topic, key, value or b"", dict(headers or ()), offset, partition), on_delivery))
 
     def send_rows(self, topic: str, partition: int, rows: Any) -> None:
         for key, value in rows:

@@ -136,6 +136,29 @@ def test_5_2_a_fenced_transaction_drops_every_partition_and_nothing_of_it_is_vis
     run(scenario())
 
 
+def test_the_outcomes_of_every_partition_go_to_one_results_partition() -> None:
+    """Readers of the results topic read all its partitions; each partition a transaction writes
+    costs a produce request and a commit marker."""
+
+    async def scenario() -> None:
+        w = Worker()
+        await w.settle()
+        for p in (2, 0, 1):
+            await w.handle(p, w.command(p, f"hi {p}", appendId=f"a{p}"))
+        await w.settle()
+        results = w.kafka.on(NAMES.results)
+        assert {record.partition for record in results} == {0}  # the first partition of the transaction
+        assert sorted(o["appendId"] for o in w.kafka.outcomes(NAMES.results)) == ["a0", "a1", "a2"]
+        journal = w.kafka.on(NAMES.journal)
+        assert {record.key: record.partition for record in journal} == {
+            b"/agents/p0": 0,
+            b"/agents/p1": 1,
+            b"/agents/p2": 2,
+        }
+
+    run(scenario())
+
+
 def test_any_other_failure_is_fatal_for_the_worker() -> None:
     async def scenario() -> None:
         w = Worker(partitions=(0, 1))
@@ -183,3 +206,13 @@ def test_pacing_is_the_workers_many_quiet_partitions_share_a_transaction() -> No
     unpaced, paced = run(transactions(0)), run(transactions(100))
     assert unpaced >= 30
     assert paced <= 8  # the first two at once, then about one per 100 ms
+
+
+def test_client_commands_of_a_paced_worker_are_fetched_in_held_fetches_and_internal_ones_at_once() -> None:
+    from pipeline.journal.command_reader import IDLE_FETCH_WAIT_MS, PACED_FETCH_MIN_BYTES, fetch_settings
+
+    assert fetch_settings(False, 30) == {"fetch.wait.max.ms": 10, "fetch.min.bytes": PACED_FETCH_MIN_BYTES}
+    assert fetch_settings(False, 2) == {"fetch.wait.max.ms": 1, "fetch.min.bytes": PACED_FETCH_MIN_BYTES}
+    at_once = {"fetch.wait.max.ms": IDLE_FETCH_WAIT_MS, "fetch.min.bytes": 1}
+    assert fetch_settings(True, 30) == at_once  # what other processes wait on
+    assert fetch_settings(False, 0) == at_once  # pacing off: nothing is held back
