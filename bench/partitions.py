@@ -47,6 +47,11 @@ each with PASS or FAIL for both builds:
 - worker + broker CPU per append at 500/s at 64 partitions <= 1.2x the figure at 4; at 4
   partitions <= 40% of the baseline's and <= 0.6 ms;
 - append→journaled p99 at 500/s <= 50 ms at 4 and at 64 partitions.
+
+Last, at each partition count (unless `--no-floor`), the floor: the same paced load at 500/s
+through bench/journal.py's raw consume→produce loop instead of a worker (no transactions, no
+rows), its CPU and the broker's per append and its latency. The broker's figure above includes
+what this bench's own producer and latency reader cost it; the floor shows how much that is.
 """
 
 from __future__ import annotations
@@ -318,6 +323,33 @@ class Run(Bench):
         )
 
 
+def floor(partitions: int, quick: bool) -> Paced:
+    """The same paced load at `LOW_RATE` through bench/journal.py's raw pass-through loop (consume,
+    produce, no transactions) instead of a worker: what the load itself costs the broker (this
+    bench's producer and latency reader included), a floor no processor gets under."""
+    run = Run(Build("pass-through", REPO), quick, partitions)
+    try:
+        run.raw_throughput(200, STREAMS)  # starts the loop (and drains a few records)
+        assert run.passthrough is not None
+        broker = broker_pid() or 0
+        time.sleep(3)
+        source, target = run.raw_topics
+        seconds = 6.0 if quick else 20.0
+        lat = run.latency(
+            source, target, LOW_RATE, seconds, STREAMS, cpu_of={"worker": run.passthrough.pid, "broker": broker}
+        )
+        return Paced(
+            rate=LOW_RATE,
+            worker_us=run.paced_cpu_us.get("worker", NAN),
+            broker_us=run.paced_cpu_us.get("broker", NAN),
+            p50_ms=percentile(lat, 0.5),
+            p99_ms=percentile(lat, 0.99),
+        )
+    finally:
+        run.stop_passthrough()
+        run.close()
+
+
 def measure(build: Build, partitions: int, quick: bool) -> Result:
     n, seconds = (10_000, 6.0) if quick else (60_000, 20.0)
     result = Result(build.name, partitions)
@@ -563,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
         default="baseline,current",
         help="run order of the builds at the first partition count, reversed at the next (default baseline,current)",
     )
+    parser.add_argument(
+        "--no-floor", dest="floor", action="store_false", help="skip the raw pass-through floor at each count"
+    )
     args = parser.parse_args(argv)
     counts = [int(n) for n in args.partitions.split(",")]
     trees = {"current": Path(args.current)}
@@ -583,9 +618,16 @@ def main(argv: list[str] | None = None) -> int:
     ensure_broker()
     started = time.monotonic()
     results: dict[tuple[str, int], Result] = {}
+    floors: dict[int, Paced] = {}
     for index, n in enumerate(counts):
         for build in builds if index % 2 == 0 else builds[::-1]:
             results[(build.name, n)] = measure(build, n, args.quick)
+        if args.floor:
+            try:
+                floors[n] = floor(n, args.quick)
+            except Exception as error:  # reported, the figures above stand
+                print(f"[partitions] pass-through floor @ {n} failed: {error}", file=sys.stderr)
+                floors[n] = Paced()
     print(
         f"\n{STREAMS} streams, one worker; {'--quick' if args.quick else 'full'} run of "
         f"{time.monotonic() - started:.0f}s; {os.cpu_count()} CPUs; load average {os.getloadavg()[0]:.1f}"
@@ -593,6 +635,21 @@ def main(argv: list[str] | None = None) -> int:
     for build in builds:
         print(f"{build.name}: {build.root} (its worker imports {imports[build.name]})")
     report(results, builds, counts)
+    if floors:
+        print()
+        print(f"The floor: the same paced load at {LOW_RATE}/s through a raw consume->produce loop, no worker")
+        rows = [
+            (
+                str(n),
+                _num(f.worker_us, ".0f"),
+                _num(f.broker_us, ".0f"),
+                _num(f.total_us, ".0f"),
+                _num(f.p50_ms, ".1f"),
+                _num(f.p99_ms, ".1f"),
+            )
+            for n, f in floors.items()
+        ]
+        table(("partitions", "loop CPU/append (us)", "broker CPU/append (us)", "sum (us)", "p50 ms", "p99 ms"), rows)
     return 0
 
 
