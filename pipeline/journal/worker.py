@@ -45,7 +45,7 @@ from pipeline.kafka.faust_committed import RAW, CommittedTableManager, broker_ur
 from pipeline.kafka.faust_internals import group_membership, table_offset_key, table_partition_db
 from pipeline.kafka.group_generation import GroupMembership, unjoined
 from pipeline.kafka.journal_reader import JournalReader
-from pipeline.kafka.producer import GroupMoved, JournalProducer
+from pipeline.kafka.producer import Aborted, JournalProducer
 from pipeline.settings import AIOKAFKA_METADATA_MAX_AGE_MS, Settings
 from processors.row_codec import RowFormatError
 from topics.names import LLM_REQUESTS_MAX_MESSAGE_BYTES, topic_names
@@ -187,7 +187,7 @@ def build_app(settings: Settings) -> faust.App:
         """Start the worker's producer, or a new one after a fence that ended the last: a producer
         of this transactional id that runs on (an earlier run of this worker) is fenced here."""
         fence = committer.fenced
-        if committer.producer is not None and (fence is None or isinstance(fence, GroupMoved)):
+        if committer.producer is not None and (fence is None or isinstance(fence, Aborted)):
             committer.fenced = None
             return
         if committer.producer is not None:

@@ -52,10 +52,15 @@ class Fenced(Exception):
     visible; the worker owns none of its partitions until it takes them over again."""
 
 
-class GroupMoved(Fenced):
+class Aborted(Fenced):
+    """The transaction failed and was aborted (for instance its records timed out while the worker
+    was paused): nothing of it is visible, and the producer can go on with the next one. The
+    worker's decided state is ahead of Kafka all the same, so it is handled as a fence."""
+
+
+class GroupMoved(Aborted):
     """The group coordinator refused the transaction's offsets: the generation or member id it
-    named is no longer the group's (a rebalance happened). The transaction is aborted; the
-    producer can go on with the next one."""
+    named is no longer the group's (a rebalance happened)."""
 
 
 # What a refused transactional offset commit says when the group moved on (KIP-447).
@@ -68,10 +73,6 @@ GROUP_MOVED_CODES = {
 
 
 TRANSACTION_TIMEOUT_MS = 10_000
-
-
-class TransactionFailed(Exception):
-    """A transaction could not be committed and was aborted: nothing of it is visible."""
 
 
 class JournalProducer:
@@ -121,13 +122,17 @@ class JournalProducer:
             self.fatal_error = error
 
     def _fenced(self, error: KafkaError | None) -> bool:
+        """Whether `error` ends this producer: fenced by a newer one of its transactional id, or any
+        other fatal error (a transaction the broker aborted while the worker was paused leaves the
+        producer in a state only a new one gets out of). Nothing of its open transaction can commit
+        then: the broker aborts it, at the latest when the next producer of the id starts."""
         if error is not None and error.code() == KafkaError._FATAL and self.fatal_error is None:
             # "Fatal error" names no cause: a poll serves it (to `error_cb`, or raised from the poll).
             try:
                 self._producer.poll(0)
             except KafkaException as raised:
                 self._on_error(raised.args[0])
-        return any(e is not None and e.code() in FENCED_CODES for e in (error, self.fatal_error))
+        return any(e is not None and (e.fatal() or e.code() in FENCED_CODES) for e in (error, self.fatal_error))
 
     def _raise(self, error: KafkaException, doing: str) -> None:
         kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
@@ -225,9 +230,10 @@ class JournalProducer:
         run) as the consumer group's in the transaction (`group`: the member's serialized group
         metadata, `pipeline.kafka.group_generation`), commit, open the next one.
 
-        Raises `GroupMoved` (the group refused the offsets: aborted, the producer goes on),
-        `Fenced` (another producer of this transactional id, or the broker aborted the transaction:
-        this producer is done) or `TransactionFailed` (aborted: nothing of it is visible)."""
+        Raises `GroupMoved` (the group refused the offsets) or `Aborted` (any other failure that
+        aborts the transaction): nothing of it is visible and the producer goes on; or `Fenced`
+        (another producer of this transactional id, or the broker aborted the transaction and
+        bumped the epoch): this producer is done."""
         if not self.transactional:
             await self._flush(timeout_s)
             return
@@ -244,10 +250,15 @@ class JournalProducer:
             if self._fenced(kafka_error):
                 raise Fenced(f"commit: {(self.fatal_error or kafka_error).str()}") from error  # type: ignore[union-attr]
             if kafka_error is not None and kafka_error.txn_requires_abort():
-                await asyncio.to_thread(self._producer.abort_transaction, timeout_s)
+                try:
+                    await asyncio.to_thread(self._producer.abort_transaction, timeout_s)
+                except KafkaException as abort_error:
+                    if self._fenced(abort_error.args[0] if abort_error.args else None):
+                        raise Fenced(f"abort: {(self.fatal_error or kafka_error).str()}") from abort_error
+                    raise
                 if kafka_error.code() in GROUP_MOVED_CODES:
                     raise GroupMoved(f"the consumer group moved on: {kafka_error.str()}") from error
-                raise TransactionFailed(f"transaction aborted: {kafka_error.str()}") from error
+                raise Aborted(f"transaction aborted: {kafka_error.str()}") from error
             raise
 
     def _commit(self, timeout_s: float, offsets: Callable[[], Sequence[TopicPartition]], group: bytes | None) -> None:

@@ -56,17 +56,22 @@ ANSWER_DELAY_S = 1.0  # each call is in flight this long: the pause lands on run
 SCRIPT = "import time\ntime.sleep(2)\nset_context('progress', 'woke up')\n'slept'"  # in flight 2 s
 
 
-def pause_until_taken_over(zombie: Worker, survivor: Worker, at_least_s: float, then_s: float = 2.0) -> float:
-    """SIGSTOP `zombie` for at least `at_least_s` and until `survivor` has taken every partition,
-    plus `then_s` of work on them; the seconds paused."""
-    seen = survivor.log_size()
+def pause_until_taken_over(
+    zombie: Worker, survivor: Worker | list[Worker], at_least_s: float, then_s: float = 2.0
+) -> float:
+    """SIGSTOP `zombie` for at least `at_least_s` and until the survivors have taken every
+    partition between them, plus `then_s` of work on them; the seconds paused."""
+    survivors = survivor if isinstance(survivor, list) else [survivor]
+    seen = [worker.log_size() for worker in survivors]
     zombie.pause()
     paused = time.monotonic()
     time.sleep(at_least_s)
     wait_until(
-        lambda: survivor.owned(since=seen) == set(range(PARTITIONS)),
+        lambda: (
+            set().union(*(w.owned(since=at) for w, at in zip(survivors, seen, strict=True))) == set(range(PARTITIONS))
+        ),
         60,
-        f"the {survivor.kind} survivor to take every partition from the paused one",
+        f"the {survivors[0].kind} survivors to take every partition from the paused one",
         interval=0.2,
     )
     time.sleep(then_s)
@@ -97,11 +102,23 @@ def journal_stack(tmp_path: Path) -> Iterator[Stack]:
         stack.close()
 
 
+@pytest.mark.parametrize(
+    ("workers", "pause_s"),
+    [
+        # Paused past the transaction timeout as well: the broker aborts its open transaction and
+        # fences its producer; it wakes to a fenced producer.
+        (2, PAUSE_S),
+        # Paused past the session timeout only: it wakes with a producer that still works, and the
+        # group coordinator refuses its transaction's offsets (the group moved on).
+        (3, 8.0),
+    ],
+    ids=["group-of-2", "group-of-3-short-pause"],
+)
 def test_5_2_a_journal_worker_paused_past_its_session_journals_nothing_twice(
-    journal_stack: Stack, spawned: list[Worker], tmp_path: Path
+    journal_stack: Stack, spawned: list[Worker], tmp_path: Path, workers: int, pause_s: float
 ) -> None:
     """behaviour §5.2, fencing: a journal worker paused (SIGSTOP) past its session timeout, its
-    partitions moved to the other worker, wakes under load with commands fetched and records
+    partitions moved to the other workers, wakes under load with commands fetched and records
     prepared; it writes nothing more to the partitions it lost. The committed journal holds per
     stream offsets 1..n each exactly once and every acknowledged append exactly once, and replay
     --verify equals the live rows."""
@@ -109,8 +126,8 @@ def test_5_2_a_journal_worker_paused_past_its_session_journals_nothing_twice(
     client = stack.client
     appender = RetryingAppender(client)
     paths = [f"/fence/s{i:02d}" for i in range(STREAMS)]
-    spawned += [Worker(stack, 0, tmp_path), Worker(stack, 1, tmp_path)]
-    survivor, zombie = spawned
+    spawned += [Worker(stack, index, tmp_path) for index in range(workers)]
+    *survivors, zombie = spawned
     started = time.monotonic()
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -131,10 +148,10 @@ def test_5_2_a_journal_worker_paused_past_its_session_journals_nothing_twice(
 
     producer = threading.Thread(target=produce, name="fencing-producer")
     try:
-        wait_until(lambda: survivor.owned() and zombie.owned(), 90, "both journal workers to own partitions")
+        wait_until(lambda: all(w.owned() for w in spawned), 90, "every journal worker to own partitions")
         producer.start()
-        time.sleep(5)  # both journal under load
-        paused_s = pause_until_taken_over(zombie, survivor, PAUSE_S)
+        time.sleep(5)  # all journal under load
+        paused_s = pause_until_taken_over(zombie, survivors, pause_s)
         time.sleep(6)  # appends go on while the woken worker holds its stale backlog
         stop.set()
         producer.join()
@@ -199,9 +216,12 @@ def test_5_2_a_journal_worker_paused_past_its_session_journals_nothing_twice(
     for worker in spawned:
         assert worker.process.poll() is None, f"a journal worker died:\n{worker.log()[-4000:]}"
 
-    # The woken worker leaves; the survivor takes every partition back and its rows equal a replay.
+    # The woken worker and all survivors but one leave; that one takes every partition and its rows
+    # equal a replay.
+    survivor = survivors[0]
     seen = survivor.log_size()
-    zombie.stop(signal.SIGTERM)
+    for worker in (zombie, *survivors[1:]):
+        worker.stop(signal.SIGTERM)
     wait_until(lambda: survivor.owned(since=seen) == set(range(PARTITIONS)), 60, "the survivor to own everything")
     time.sleep(2)
     survivor.stop(signal.SIGTERM)

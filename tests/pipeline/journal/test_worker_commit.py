@@ -15,7 +15,7 @@ import pytest
 from pipeline.journal.decisions import CommandRecord
 from pipeline.journal.engine import PartitionEngine
 from pipeline.kafka.group_generation import GroupMembership, journal_offset_of
-from pipeline.kafka.producer import Fenced, GroupMoved
+from pipeline.kafka.producer import Aborted, Fenced, GroupMoved
 from processors import rows
 from tests.support.engine_harness import NAMES, committer, user
 from tests.support.journal_fakes import DictStore, FakeTransactions
@@ -111,7 +111,14 @@ def test_5_2_each_partitions_positions_are_committed_as_the_groups_offsets_namin
     run(scenario())
 
 
-@pytest.mark.parametrize("error", [Fenced("fenced by a newer instance"), GroupMoved("the consumer group moved on")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        Fenced("fenced by a newer instance"),
+        GroupMoved("the consumer group moved on"),
+        Aborted("transaction aborted: 1 message(s) timed out"),
+    ],
+)
 @pytest.mark.parametrize("step", ["begin", "send", "commit"])
 def test_5_2_a_fenced_transaction_drops_every_partition_and_nothing_of_it_is_visible(
     error: Exception, step: str
