@@ -336,6 +336,16 @@ def _group_offsets(
     return offsets
 
 
+# A commit that takes longer is stuck, not slow: the broker aborts a transaction open for 10 s
+# (`pipeline.kafka.producer.TRANSACTION_TIMEOUT_MS`), and a commit of a large backlog takes a
+# second or two. Stuck is fatal: the restart's producer fences this one and finds the coordinators.
+COMMIT_TIMEOUT_S = 30.0
+
+
+class CommitStuck(Exception):
+    """A commit did not end within `COMMIT_TIMEOUT_S` (fatal for the worker)."""
+
+
 class PartitionCheckpoints:
     """One partition's checkpoints: the open one its engine decides into, and the one (if any) of
     the worker's transaction being committed. The `WorkerCommitter` commits them."""
@@ -441,8 +451,10 @@ class WorkerCommitter:
         membership: Callable[[], GroupMembership | None] = lambda: None,
         fatal: Callable[[BaseException], None] | None = None,
         commit_interval_s: float = 0.0,
+        commit_timeout_s: float = COMMIT_TIMEOUT_S,
     ) -> None:
         self.producer = producer
+        self.commit_timeout_s = commit_timeout_s
         self.journal_topic = journal_topic
         self.results_topic = results_topic
         self.command_topics = command_topics
@@ -540,13 +552,24 @@ class WorkerCommitter:
         membership = self.membership()
         started = time.perf_counter()
         try:
-            await transaction.commit(
-                self.producer,
-                self.journal_topic,
-                self.results_topic,
-                self.command_topics,
-                None if membership is None else membership.encode(),
+            await asyncio.wait_for(
+                transaction.commit(
+                    self.producer,
+                    self.journal_topic,
+                    self.results_topic,
+                    self.command_topics,
+                    None if membership is None else membership.encode(),
+                ),
+                self.commit_timeout_s,
             )
+        except TimeoutError as error:
+            # librdkafka can wait minutes on a coordinator that died (measured: 3 minutes on a
+            # TxnOffsetCommit to a killed broker); the broker aborts the transaction after its
+            # timeout anyway, and a restart finds the coordinators afresh.
+            raise CommitStuck(
+                f"a commit of {len(parts)} partitions took over {self.commit_timeout_s:.0f}s "
+                "(a transaction or group coordinator unreachable)"
+            ) from error
         except Fenced as error:
             self._fence(error)
             raise

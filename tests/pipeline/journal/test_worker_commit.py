@@ -223,3 +223,26 @@ def test_client_commands_of_a_paced_worker_are_fetched_in_held_fetches_and_inter
     at_once = {"fetch.wait.max.ms": IDLE_FETCH_WAIT_MS, "fetch.min.bytes": 1}
     assert fetch_settings(True, 30) == at_once  # what other processes wait on
     assert fetch_settings(False, 0) == at_once  # pacing off: nothing is held back
+
+
+def test_a_commit_that_hangs_is_fatal_not_a_stall() -> None:
+    """A coordinator that died can keep librdkafka waiting for minutes; the worker exits for a
+    clean recovery instead of holding every partition still."""
+    from pipeline.journal.checkpoint import CommitStuck
+
+    async def scenario() -> None:
+        w = Worker(partitions=(0,))
+        w.committer.commit_timeout_s = 0.05
+        forever = asyncio.Event()
+
+        async def hang(*_args: Any) -> None:
+            await forever.wait()
+
+        w.kafka.commit = hang  # type: ignore[method-assign]
+        await w.handle(0, w.command(0, "x"))
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        assert len(w.fatal) == 1 and isinstance(w.fatal[0], CommitStuck)
+        assert "took over 0s" in str(w.fatal[0]) and w.stores[0].writes == 0
+
+    run(scenario())
