@@ -249,7 +249,9 @@ class JournalProducer:
             kafka_error = error.args[0] if error.args and isinstance(error.args[0], KafkaError) else None
             if self._fenced(kafka_error):
                 raise Fenced(f"commit: {(self.fatal_error or kafka_error).str()}") from error  # type: ignore[union-attr]
-            if kafka_error is not None and kafka_error.txn_requires_abort():
+            # Abortable, or retriable and left so (a send_offsets that timed out while the worker
+            # was paused): abort, and the worker takes its partitions over again.
+            if kafka_error is not None and (kafka_error.txn_requires_abort() or kafka_error.retriable()):
                 try:
                     await asyncio.to_thread(self._producer.abort_transaction, timeout_s)
                 except KafkaException as abort_error:
