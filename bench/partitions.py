@@ -1,10 +1,10 @@
 """Partitions' cost to one journal worker: two builds side by side, at several partition counts.
 
     .venv/bin/python bench/partitions.py [--quick] [--partitions 4,16,64,128]
-        [--baseline /work/baseline | --baseline none] [--current /work/main] [--builds baseline,current]
+        [--baseline ../baseline | --baseline none] [--current .] [--builds baseline,current]
 
 Needs the local broker (`bash scripts/kafka/start.sh`) and, for the baseline, a work tree of the
-build to compare against (`git worktree add /work/baseline <commit>`). Each build is a source tree
+build to compare against (`git worktree add ../baseline <commit>`, beside this checkout). Each build is a source tree
 run by this venv's interpreter: the worker is what the `agentstream` console script runs
 (`pipeline.cli:main`, `worker journal`) with the tree as working directory and as PYTHONPATH;
 before measuring, the same command line prints `pipeline.__file__`, and the bench stops unless it
@@ -305,21 +305,20 @@ class Run(Bench):
         idle_before, started = process_cpu_s(broker), time.perf_counter()
         time.sleep(3)  # the worker and broker settle after the run before (as bench/journal.py)
         idle_after, idle_s = process_cpu_s(broker), time.perf_counter() - started
-        lat = self.latency(
-            self.topics.appends,
-            self.topics.journal,
-            rate,
-            seconds,
-            STREAMS,
-            cpu_of={"worker": self.worker_pid(), "broker": broker},
-        )
+        paced = self.paced_through(self.topics.appends, self.topics.journal, rate, seconds, self.worker_pid(), broker)
+        paced.broker_idle = NAN if idle_before is None or idle_after is None else (idle_after - idle_before) / idle_s
+        return paced
+
+    def paced_through(self, source: str, sink: str, rate: int, seconds: float, processor: int, broker: int) -> Paced:
+        """`rate` commands/s from `source` to `sink` for `seconds`: the processor's and the broker's
+        CPU per command and the latency percentiles."""
+        lat = self.latency(source, sink, rate, seconds, STREAMS, cpu_of={"worker": processor, "broker": broker})
         return Paced(
             rate=rate,
             worker_us=self.paced_cpu_us.get("worker", NAN),
             broker_us=self.paced_cpu_us.get("broker", NAN),
             p50_ms=percentile(lat, 0.5),
             p99_ms=percentile(lat, 0.99),
-            broker_idle=NAN if idle_before is None or idle_after is None else (idle_after - idle_before) / idle_s,
         )
 
 
@@ -335,16 +334,7 @@ def floor(partitions: int, quick: bool) -> Paced:
         time.sleep(3)
         source, target = run.raw_topics
         seconds = 6.0 if quick else 20.0
-        lat = run.latency(
-            source, target, LOW_RATE, seconds, STREAMS, cpu_of={"worker": run.passthrough.pid, "broker": broker}
-        )
-        return Paced(
-            rate=LOW_RATE,
-            worker_us=run.paced_cpu_us.get("worker", NAN),
-            broker_us=run.paced_cpu_us.get("broker", NAN),
-            p50_ms=percentile(lat, 0.5),
-            p99_ms=percentile(lat, 0.99),
-        )
+        return run.paced_through(source, target, LOW_RATE, seconds, run.passthrough.pid, broker)
     finally:
         run.stop_passthrough()
         run.close()
@@ -588,7 +578,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short runs: checks the bench, not the worker")
     parser.add_argument("--partitions", default="4,16,64,128", help="partition counts (default 4,16,64,128)")
-    parser.add_argument("--baseline", default="/work/baseline", help="source tree of the baseline, or none")
+    parser.add_argument(
+        "--baseline",
+        default=str(REPO.parent / "baseline"),
+        help="source tree of the baseline (default ../baseline), or none",
+    )
     parser.add_argument("--current", default=str(REPO), help=f"source tree of the current build (default {REPO})")
     parser.add_argument(
         "--builds",
